@@ -1,0 +1,1 @@
+"""Measuring kdtree's kernels: timing, ceilings, models, sweeps and reports."""

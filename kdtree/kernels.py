@@ -1,0 +1,174 @@
+"""Compile the CUDA sources in ``cuda/`` with CuPy and launch them on torch's stream.
+
+Every kernel lives in its own ``cuda/<family>.cu`` as ``extern "C"`` functions; shapes that
+must be compile-time constants come in as ``-D`` defines, so each specialisation is its own
+module. We inline the project's own ``#include "x.cuh"`` headers before compiling, so the
+source text that keys both our in-process cache and CuPy's on-disk cache changes whenever any
+header changes.
+
+Two compilers:
+
+* ``nvrtc`` (default): ``cupy.RawModule(code=...)``; enough for ``mma.sync`` tensor-core code.
+* ``nvcc``: ``nvcc -cubin`` for targets NVRTC-through-CuPy cannot build (``sm_90a`` for
+  ``wgmma``), cached as ``~/.cache/kdtree/<sha>.cubin`` and loaded with
+  ``cupy.RawModule(path=...)``.
+
+Launches take raw device pointers of torch tensors (``ptr(t)``) and run on
+``torch.cuda.current_stream()`` fetched at every launch, which is what makes them capturable
+in a ``torch.cuda.graph``. Memory is always allocated by torch, never by CuPy.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
+def cuda_dir() -> Path:
+    """The folder holding the ``.cu`` sources: inside the wheel, or the checkout's ``cuda/``."""
+    here = Path(__file__).resolve().parent
+    for cand in (here / "cuda", here.parent / "cuda"):
+        if cand.is_dir():
+            return cand
+    raise FileNotFoundError(f"kdtree: no cuda/ sources next to {here}")
+
+
+def sources() -> list[str]:
+    """Names of every kernel family (``cuda/*.cu`` without the suffix)."""
+    return sorted(p.stem for p in cuda_dir().glob("*.cu"))
+
+
+def read_source(name: str) -> str:
+    """Source of ``cuda/<name>.cu`` with the project's own quoted headers inlined (once each)."""
+    root = cuda_dir()
+    seen: set[str] = set()
+
+    def expand(path: Path) -> str:
+        def sub(m: re.Match) -> str:
+            inc = m.group(1)
+            if inc in seen:
+                return ""
+            seen.add(inc)
+            return f"// ---- {inc} ----\n" + expand(root / inc) + f"\n// ---- end {inc} ----"
+
+        return _INCLUDE.sub(sub, path.read_text())
+
+    path = root / f"{name}.cu"
+    if not path.exists():
+        raise ValueError(f"kernel family {name!r} not found; have {sources()}")
+    return expand(path)
+
+
+def define_options(defines: dict | None) -> tuple[str, ...]:
+    """``{"BLOCK": 256}`` -> ``("-DBLOCK=256",)``, sorted so equal dicts give equal keys."""
+    return tuple(f"-D{k}={v}" for k, v in sorted((defines or {}).items()))
+
+
+_COMMON = ("-std=c++17",)
+
+
+def nvcc_compile(name: str, defines: dict | None = None, arch: str = "sm_90",
+                 extra: tuple[str, ...] = ()) -> bytes:
+    """Compile ``cuda/<name>.cu`` to a cubin with nvcc (no GPU needed) and return its bytes.
+
+    ``arch`` is ``sm_90`` or ``sm_90a`` (the latter for ``wgmma``). Results are cached on disk,
+    keyed on the inlined source, options and arch. Raises ``RuntimeError`` with nvcc's output.
+    """
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    src = read_source(name)
+    opts = _COMMON + define_options(defines) + tuple(extra)
+    key = hashlib.sha256("\0".join((src, arch, *opts)).encode()).hexdigest()[:24]
+    cache = Path(os.environ.get("KDTREE_CACHE", Path.home() / ".cache" / "kdtree"))
+    out = cache / f"{name}-{arch}-{key}.cubin"
+    if out.exists():
+        return out.read_bytes()
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = Path(tmp) / f"{name}.cu"
+        cu.write_text(src)
+        virt = arch.replace("sm_", "compute_")
+        cmd = [nvcc, "-cubin", f"-gencode=arch={virt},code={arch}", "-O3", *opts,
+               "-o", str(Path(tmp) / "k.cubin"), str(cu)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"nvcc failed for {name} {opts}:\n{res.stderr}")
+        data = (Path(tmp) / "k.cubin").read_bytes()
+    tmp_out = out.with_suffix(f".{os.getpid()}.tmp")
+    tmp_out.write_bytes(data)
+    tmp_out.replace(out)
+    return data
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str, options: tuple[str, ...], compiler: str, arch: str, src_key: str):
+    import cupy
+
+    if compiler == "nvrtc":
+        return cupy.RawModule(code=read_source(name), options=_COMMON + options)
+    cubin = nvcc_compile(name, dict(o[2:].split("=", 1) for o in options), arch=arch)
+    cache = Path(os.environ.get("KDTREE_CACHE", Path.home() / ".cache" / "kdtree"))
+    path = cache / f"{name}-{arch}-{hashlib.sha256(cubin).hexdigest()[:24]}.load.cubin"
+    if not path.exists():
+        path.write_bytes(cubin)
+    return cupy.RawModule(path=str(path))
+
+
+def get_kernel(name: str, kernel: str, defines: dict | None = None, *,
+               compiler: str = "nvrtc", device: int | None = None):
+    """The ``cupy.RawKernel`` ``kernel`` of ``cuda/<name>.cu`` specialised by ``defines``.
+
+    Compiled once per (inlined source, options, compiler, device capability) and cached for
+    the process; CuPy also keeps compiled NVRTC modules on disk.
+    """
+    import cupy
+
+    with cupy.cuda.Device(device if device is not None else cupy.cuda.Device().id) as dev:
+        major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
+        arch = f"sm_{major}{minor}" + ("a" if compiler == "nvcc" and major == "9" else "")
+        src_key = hashlib.sha256(read_source(name).encode()).hexdigest()
+        mod = _module(name, define_options(defines), compiler, arch, src_key)
+        return mod.get_function(kernel)
+
+
+def ptr(t) -> np.uint64:
+    """A torch tensor's device pointer as a kernel argument."""
+    return np.uint64(t.data_ptr())
+
+
+def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None) -> None:
+    """Launch ``fn`` on torch's current stream for ``device`` (fetched now, so graphs capture it).
+
+    ``args`` are kernel arguments already converted (``ptr(t)``, ``np.int32(x)``...).
+    """
+    import cupy
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    with cupy.cuda.Device(idx):
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(idx).cuda_stream, idx)
+        if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
+            fn.max_dynamic_shared_size_bytes = shared_mem
+        fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)
+
+
+def cuda_available() -> bool:
+    """True when torch sees a CUDA device and CuPy imports (the kernels can run)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return True
