@@ -108,6 +108,22 @@ def nvcc_compile(name: str, defines: dict | None = None, arch: str = "sm_90",
     return data
 
 
+def nvrtc_compile(name: str, defines: dict | None = None, arch: str = "compute_90") -> str:
+    """Compile ``cuda/<name>.cu`` to PTX with NVRTC (CuPy's bindings; no GPU or driver needed).
+
+    Raises ``RuntimeError`` with NVRTC's log on failure.
+    """
+    from cupy_backends.cuda.libs import nvrtc
+
+    prog = nvrtc.createProgram(read_source(name), f"{name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, [f"-arch={arch}", *_COMMON, *define_options(defines)])
+    except Exception as e:
+        raise RuntimeError(f"NVRTC failed for {name}:\n{nvrtc.getProgramLog(prog)}") from e
+    ptx = nvrtc.getPTX(prog)
+    return ptx.decode() if isinstance(ptx, bytes) else ptx
+
+
 @functools.lru_cache(maxsize=None)
 def _module(name: str, options: tuple[str, ...], compiler: str, arch: str, src_key: str):
     import cupy

@@ -122,3 +122,369 @@ def visibility_reference(parents: torch.Tensor, num_nodes: torch.Tensor) -> torc
                 vis[b, i, j >> 6] |= np.uint64(1) << np.uint64(j & 63)
                 j = par[b, j]
     return torch.from_numpy(vis.view(np.int64)).to(parents.device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: every check that needs no device synchronisation runs always; the data checks
+# (NaN/inf, sorted rows) read the values and sit behind ``validate=`` so graph capture works.
+# ---------------------------------------------------------------------------------------------
+
+def _need(cond: bool, exc: type, msg: str) -> None:
+    if not cond:
+        raise exc(msg)
+
+
+def _check_tensor(name: str, t, dtypes: tuple, dim: int | None = None) -> None:
+    _need(isinstance(t, torch.Tensor), TypeError, f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    _need(t.dtype in dtypes, TypeError,
+          f"{name}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if dim is not None:
+        _need(t.dim() == dim, ValueError, f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
+    _need(t.is_contiguous(), ValueError, f"{name}: must be contiguous (call .contiguous())")
+
+
+_INT = (torch.int32, torch.int64)
+
+
+def _check_build_args(logprobs, tokens, budget, root_tokens, validate: bool) -> None:
+    _check_tensor("logprobs", logprobs, (torch.float32,), 3)
+    _check_tensor("tokens", tokens, _INT, 3)
+    _need(tokens.shape == logprobs.shape, ValueError,
+          f"tokens: shape {tuple(tokens.shape)} must equal logprobs' {tuple(logprobs.shape)}")
+    _need(tokens.device == logprobs.device, ValueError,
+          f"tokens: on {tokens.device}, logprobs on {logprobs.device}")
+    B, L, K = logprobs.shape
+    _need(isinstance(budget, int) and not isinstance(budget, bool), TypeError,
+          f"budget: expected an int, got {type(budget).__name__}")
+    _need(1 <= budget <= MAX_BUDGET, ValueError, f"budget: must be in 1..{MAX_BUDGET}, got {budget}")
+    _need(B >= 1, ValueError, "logprobs: batch dimension is empty")
+    _need(1 <= L <= MAX_DEPTH, ValueError, f"logprobs: draft depth L must be in 1..{MAX_DEPTH}, got {L}")
+    _need(1 <= K <= MAX_TOPK, ValueError, f"logprobs: top-K must be in 1..{MAX_TOPK}, got {K}")
+    if root_tokens is not None:
+        _check_tensor("root_tokens", root_tokens, _INT, 1)
+        _need(root_tokens.shape[0] == B, ValueError,
+              f"root_tokens: expected shape ({B},), got {tuple(root_tokens.shape)}")
+        _need(root_tokens.device == logprobs.device, ValueError,
+              f"root_tokens: on {root_tokens.device}, logprobs on {logprobs.device}")
+    if validate:
+        _need(bool(torch.isfinite(logprobs).all()), ValueError,
+              "logprobs: contains NaN or infinite values (topk_logprobs clamps -inf to the float32 minimum)")
+        _need(bool((logprobs[..., 1:] <= logprobs[..., :-1]).all()), ValueError,
+              "logprobs: every [b, l, :] row must be sorted in descending order")
+
+
+def _backend(backend: str, device: torch.device) -> str:
+    _need(backend in ("auto", "torch", "cuda"), ValueError,
+          f"backend: expected 'auto', 'torch' or 'cuda', got {backend!r}")
+    if backend == "auto":
+        return "cuda" if device.type == "cuda" else "torch"
+    _need(backend == "torch" or device.type == "cuda", ValueError,
+          f"backend: 'cuda' needs CUDA tensors, got tensors on {device}")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------
+# References: the paper's algorithm, one Python heap per request.
+# ---------------------------------------------------------------------------------------------
+
+def heap_build(lp: np.ndarray, budget: int) -> tuple[list[int], list[int], list[int]]:
+    """Best-first DDTree build of one request, exactly as the paper's reference does it.
+
+    Parameters
+    ----------
+    lp : float32 ndarray [L, K], rows sorted descending.
+    budget : number of non-root nodes to pop.
+
+    Returns
+    -------
+    parents, ranks, depths : lists over nodes in pop order, node 0 the root (-1, -1, 0).
+
+    Heap entries are ``(-score, rank_tuple, parent, rank)``: scores are float64 sums of the
+    float32 log-probs, a sibling's score is ``(w - lp[d][r]) + lp[d][r + 1]``, and exact ties
+    fall to the rank tuple, where a prefix sorts before its extensions.
+    """
+    L, K = lp.shape
+    rows = lp.astype(np.float64).tolist()
+    heap = [(-(0.0 + rows[0][0]), (0,), 0, 0)]
+    parents, ranks, depths = [-1], [-1], [0]
+    while heap and len(parents) <= budget:
+        neg, path, par, r = heapq.heappop(heap)
+        w, d, n = -neg, len(path), len(parents)
+        parents.append(par), ranks.append(r), depths.append(d)
+        row = rows[d - 1]
+        if r + 1 < K:
+            heapq.heappush(heap, (-((w - row[r]) + row[r + 1]), path[:-1] + (r + 1,), par, r + 1))
+        if d < L:
+            heapq.heappush(heap, (-(w + rows[d][0]), path + (0,), n, 0))
+    return parents, ranks, depths
+
+
+def _pack_visibility(parents: list[int], N: int) -> np.ndarray:
+    """Ancestor-or-self bitmask of one tree as [N, ceil(N/64)] int64, with numpy."""
+    dense = np.zeros((N, ((N + 63) // 64) * 64), dtype=bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            dense[i] = dense[p]
+        dense[i, i] = True
+    return np.packbits(dense, axis=1, bitorder="little").view(np.int64)
+
+
+def _host_tree(lp: np.ndarray, tok: np.ndarray, budget: int, root: int) -> tuple[np.ndarray, ...]:
+    """One request on the host: heap build, token gather, numpy visibility; padded to N rows."""
+    N = budget + 1
+    parents, ranks, depths = heap_build(lp, budget)
+    n = len(parents)
+    out_tok = np.full(N, -1, np.int32)
+    out_par = np.full(N, -1, np.int32)
+    out_dep = np.full(N, -1, np.int32)
+    out_par[:n], out_dep[:n] = parents, depths
+    d, r = np.asarray(depths[1:], np.int64), np.asarray(ranks[1:], np.int64)
+    out_tok[0] = root
+    out_tok[1:n] = tok[d - 1, r]
+    return out_tok, out_par, out_dep, np.int32(n), _pack_visibility(parents, N)
+
+
+def build_tree_reference(logprobs, tokens, budget, root_tokens=None, *, path: str = "serving") -> Tree:
+    """Build the trees on the CPU, the way today's serving stacks and the paper do it.
+
+    ``path="serving"``: one batched device-to-host copy of the top-K, a per-request Python
+    loop, one batched host-to-device copy of the trees. ``path="paper"``: the paper's reference,
+    request by request (copy in, Python heap, numpy visibility, copy out per request). Both
+    give the same Tree, on the inputs' device.
+    """
+    B, L, K = logprobs.shape
+    N, dev = budget + 1, logprobs.device
+    if path == "serving":
+        lp, tok = logprobs.cpu().numpy(), tokens.cpu().numpy()
+        roots = root_tokens.cpu().numpy() if root_tokens is not None else np.full(B, -1)
+        parts = [_host_tree(lp[b], tok[b], budget, int(roots[b])) for b in range(B)]
+        cols = [torch.from_numpy(np.stack([p[i] for p in parts])) for i in range(5)]
+        t, p, d, n, v = (c.to(dev, non_blocking=False) for c in cols)
+    elif path == "paper":
+        rows = []
+        for b in range(B):
+            root = int(root_tokens[b]) if root_tokens is not None else -1
+            part = _host_tree(logprobs[b].cpu().numpy(), tokens[b].cpu().numpy(), budget, root)
+            rows.append([torch.from_numpy(np.asarray(x)).to(dev) for x in part])
+        t, p, d, n, v = (torch.stack([r[i] for r in rows]) for i in range(5))
+    else:
+        raise ValueError(f"path: expected 'serving' or 'paper', got {path!r}")
+    return Tree(t, p, d, n, v, L)
+
+
+def accept_reference(tree: Tree, target_tokens: torch.Tensor) -> Accepted:
+    """Greedy walk on the host: move to the lowest-index child whose token the target chose."""
+    tok, par = tree.tokens.cpu().numpy(), tree.parents.cpu().numpy()
+    tgt, num = target_tokens.cpu().numpy(), tree.num_nodes.cpu().numpy()
+    B, M = tok.shape[0], tree.draft_depth + 1
+    idx = np.full((B, M), -1, np.int32)
+    length, bonus = np.zeros(B, np.int32), np.zeros(B, np.int32)
+    for b in range(B):
+        cur, path = 0, [0]
+        while len(path) < M:
+            kids = [j for j in range(1, int(num[b])) if par[b, j] == cur and tok[b, j] == tgt[b, cur]]
+            if not kids:
+                break
+            cur = kids[0]
+            path.append(cur)
+        idx[b, :len(path)], length[b], bonus[b] = path, len(path), tgt[b, cur]
+    dev = tree.device
+    return Accepted(torch.from_numpy(idx).to(dev), torch.from_numpy(length).to(dev),
+                    torch.from_numpy(bonus).to(dev))
+
+
+def compact_kv_reference(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted) -> None:
+    """In-place compaction with torch indexing (gather first, then scatter)."""
+    lens, idx = accepted.length.tolist(), accepted.indices.tolist()
+    for b, P in enumerate(prefix_lens.tolist()):
+        n = lens[b]
+        src = torch.tensor(idx[b][:n], device=kv.device) + P
+        kv[..., b, P:P + n, :] = kv[..., b, :, :].index_select(-2, src)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public ops
+# ---------------------------------------------------------------------------------------------
+
+_CT = {torch.int32: "int", torch.int64: "long long"}
+
+
+def _build_smem(L: int, K: int, budget: int) -> int:
+    return budget * 12 + (budget + 1) * 12 + L * K * 4
+
+
+def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
+               root_tokens: torch.Tensor | None = None, backend: str = "auto",
+               validate: bool = True) -> Tree:
+    """Keep the exact top-``budget`` draft prefixes by probability, as a tree.
+
+    Parameters
+    ----------
+    logprobs : float32 [B, L, K]
+        Per-position top-K draft log-probs, each row sorted descending, finite.
+        L <= 32, K <= 1024 (K < budget is fine).
+    tokens : int32 or int64 [B, L, K]
+        The token ids of those log-probs.
+    budget : int
+        Non-root nodes to keep, 1..1024; the tree has N = budget + 1 rows.
+    root_tokens : int32 or int64 [B], optional
+        Token of node 0 (the previous bonus token); -1 when not given.
+    backend : {"auto", "torch", "cuda"}
+        "auto" runs the CUDA kernel on CUDA tensors and the reference otherwise.
+    validate : bool
+        Check the values (finite, sorted). Needs a device synchronisation, so pass False
+        under CUDA-graph capture; the shape, dtype and device checks always run.
+
+    Returns
+    -------
+    Tree
+        Bit-identical between backends: same nodes, same order, same visibility.
+    """
+    _check_build_args(logprobs, tokens, budget, root_tokens, validate)
+    if _backend(backend, logprobs.device) == "torch":
+        return build_tree_reference(logprobs, tokens, budget, root_tokens)
+    from kdtree import kernels
+
+    B, L, K = logprobs.shape
+    N, dev = budget + 1, logprobs.device
+    out_tok = torch.empty((B, N), dtype=torch.int32, device=dev)
+    out_par, out_dep = torch.empty_like(out_tok), torch.empty_like(out_tok)
+    out_num = torch.empty(B, dtype=torch.int32, device=dev)
+    vis = torch.empty((B, N, (N + 63) // 64), dtype=torch.int64, device=dev)
+    if root_tokens is not None and root_tokens.dtype != tokens.dtype:
+        root_tokens = root_tokens.to(tokens.dtype)
+    fn = kernels.get_kernel("tree", "build_tree", {"TOKEN_T": _CT[tokens.dtype]}, device=dev.index)
+    kernels.launch(fn, (B,), (256,),
+                   (kernels.ptr(logprobs), kernels.ptr(tokens),
+                    kernels.ptr(root_tokens if root_tokens is not None else tokens),
+                    np.int32(root_tokens is not None), np.int32(L), np.int32(K), np.int32(budget),
+                    kernels.ptr(out_tok), kernels.ptr(out_par), kernels.ptr(out_dep),
+                    kernels.ptr(out_num), kernels.ptr(vis)),
+                   shared_mem=_build_smem(L, K, budget), device=dev)
+    return Tree(out_tok, out_par, out_dep, out_num, vis, L)
+
+
+def _check_tree(tree) -> None:
+    _need(isinstance(tree, Tree), TypeError, f"tree: expected a kdtree.Tree, got {type(tree).__name__}")
+
+
+def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto") -> Accepted:
+    """Greedy DDTree acceptance.
+
+    Parameters
+    ----------
+    tree : Tree
+    target_tokens : int32 or int64 [B, N]
+        The target model's choice (argmax) at every tree node.
+    backend : {"auto", "torch", "cuda"}
+
+    Returns
+    -------
+    Accepted
+        From the root, repeatedly move to the child whose token equals the target's choice
+        at the current node (the lowest-index one if several do); stop at a node with no
+        such child. ``bonus`` is the target's choice there.
+    """
+    _check_tree(tree)
+    _check_tensor("target_tokens", target_tokens, _INT, 2)
+    _need(tuple(target_tokens.shape) == tuple(tree.tokens.shape), ValueError,
+          f"target_tokens: expected shape {tuple(tree.tokens.shape)}, got {tuple(target_tokens.shape)}")
+    _need(target_tokens.device == tree.device, ValueError,
+          f"target_tokens: on {target_tokens.device}, tree on {tree.device}")
+    if _backend(backend, tree.device) == "torch":
+        return accept_reference(tree, target_tokens)
+    from kdtree import kernels
+
+    B, N = tree.tokens.shape
+    M, dev = tree.draft_depth + 1, tree.device
+    idx = torch.empty((B, M), dtype=torch.int32, device=dev)
+    length, bonus = torch.empty(B, dtype=torch.int32, device=dev), torch.empty(B, dtype=torch.int32, device=dev)
+    fn = kernels.get_kernel("tree", "accept_tree", {"TARGET_T": _CT[target_tokens.dtype]}, device=dev.index)
+    kernels.launch(fn, (B,), (256,),
+                   (kernels.ptr(tree.tokens), kernels.ptr(tree.parents), kernels.ptr(tree.num_nodes),
+                    kernels.ptr(target_tokens), np.int32(N), np.int32(M),
+                    kernels.ptr(idx), kernels.ptr(length), kernels.ptr(bonus)),
+                   shared_mem=4 * N, device=dev)
+    return Accepted(idx, length, bonus)
+
+
+def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
+               backend: str = "auto", validate: bool = True) -> None:
+    """Move the accepted tree rows behind each prefix, in place.
+
+    Parameters
+    ----------
+    kv : tensor [B, S, D] or [layers, B, S, D]
+        The KV cache (any dtype); the tree rows of sequence b sit at
+        ``prefix_lens[b] .. prefix_lens[b] + N - 1``. The last dimension must be contiguous.
+    prefix_lens : int32 or int64 [B]
+    accepted : Accepted
+        Row ``prefix_lens[b] + i`` receives row ``prefix_lens[b] + indices[b, i]`` for
+        ``i < length[b]``.
+    backend : {"auto", "torch", "cuda"}
+    validate : bool
+        Check that every moved row lies inside the cache (reads the values: a device
+        synchronisation, so pass False under graph capture).
+    """
+    _need(isinstance(kv, torch.Tensor), TypeError, f"kv: expected a torch.Tensor, got {type(kv).__name__}")
+    _need(kv.dim() in (3, 4), ValueError, f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")
+    _need(kv.stride(-1) == 1, ValueError, "kv: the last dimension must be contiguous")
+    _need(isinstance(accepted, Accepted), TypeError,
+          f"accepted: expected a kdtree.Accepted, got {type(accepted).__name__}")
+    _check_tensor("prefix_lens", prefix_lens, _INT, 1)
+    B, S = kv.shape[-3], kv.shape[-2]
+    _need(prefix_lens.shape[0] == B and accepted.length.shape[0] == B, ValueError,
+          f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}; "
+          f"accepted has {accepted.length.shape[0]}")
+    for name, t in (("prefix_lens", prefix_lens), ("accepted", accepted.indices)):
+        _need(t.device == kv.device, ValueError, f"{name}: on {t.device}, kv on {kv.device}")
+    M = accepted.indices.shape[1]
+    _need(M <= MAX_DEPTH + 1, ValueError, f"accepted: at most {MAX_DEPTH + 1} indices per row, got {M}")
+    if validate:
+        last = prefix_lens.long() + accepted.indices.long().amax(1)
+        _need(bool((prefix_lens >= 0).all()) and bool((last < S).all()), ValueError,
+              f"prefix_lens: prefix_lens[b] + indices[b] must index rows of the cache (S = {S})")
+    if _backend(backend, kv.device) == "torch":
+        return compact_kv_reference(kv, prefix_lens, accepted)
+    from kdtree import kernels
+
+    esize = kv.element_size()
+    row_bytes = kv.shape[-1] * esize
+    strides = [s * esize for s in kv.stride()[:-1]] + [kv.data_ptr()]
+    word = next(w for w in (16, 8, 4, 2, 1) if row_bytes % w == 0 and all(s % w == 0 for s in strides))
+    wt = {16: "uint4", 8: "unsigned long long", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}[word]
+    layers = kv.shape[0] if kv.dim() == 4 else 1
+    lstride = kv.stride(0) * esize // word if kv.dim() == 4 else 0
+    bstride, rstride = kv.stride(-3) * esize // word, kv.stride(-2) * esize // word
+    row_words = row_bytes // word
+    fn = kernels.get_kernel("tree", "compact_kv", {"WORD_T": wt, "PLEN_T": _CT[prefix_lens.dtype]},
+                            device=kv.device.index)
+    threads = min(128, max(32, row_words))
+    kernels.launch(fn, ((row_words + threads - 1) // threads, B, layers), (threads,),
+                   (kernels.ptr(kv), np.int64(lstride), np.int64(bstride), np.int64(rstride),
+                    np.int32(row_words), kernels.ptr(prefix_lens), kernels.ptr(accepted.indices),
+                    kernels.ptr(accepted.length), np.int32(M)), device=kv.device)
+
+
+def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-softmax over the vocabulary, then the top-``k``: how drafter logits reach build_tree.
+
+    Parameters
+    ----------
+    logits : float tensor [..., V]
+    k : int, 1..min(V, 1024)
+
+    Returns
+    -------
+    logprobs : float32 [..., k], sorted descending, -inf clamped to the float32 minimum
+    tokens : int64 [..., k]
+    """
+    _need(isinstance(logits, torch.Tensor), TypeError, f"logits: expected a torch.Tensor, got {type(logits).__name__}")
+    _need(logits.is_floating_point(), TypeError, f"logits: expected a floating dtype, got {logits.dtype}")
+    _need(logits.dim() >= 1, ValueError, "logits: needs a vocabulary dimension")
+    V = logits.shape[-1]
+    _need(isinstance(k, int) and 1 <= k <= min(V, MAX_TOPK), ValueError,
+          f"k: must be an int in 1..min(vocab={V}, {MAX_TOPK}), got {k!r}")
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    vals, idx = torch.topk(lp, k, dim=-1, sorted=True)
+    return vals.clamp_min(torch.finfo(torch.float32).min).contiguous(), idx.contiguous()

@@ -1,0 +1,144 @@
+"""GPU suite for the tree kernels: bit-identical to the references, graph capture, sanitizers."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kdtree
+from kdtree.tree import accept_reference, build_tree_reference, compact_kv_reference
+from tree_cases import sorted_logprobs
+
+pytestmark = pytest.mark.gpu
+FIELDS = ("tokens", "parents", "depth", "num_nodes", "visibility")
+
+
+def assert_same_tree(a, b):
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and x.shape == y.shape, f
+        assert torch.equal(x.cpu(), y.cpu()), f"{f} differs"
+
+
+@pytest.mark.parametrize("kind", ["random", "ties", "equal_rows", "constant"])
+@pytest.mark.parametrize("B,L,K,budget", [
+    (1, 1, 1, 1), (3, 15, 16, 64), (4, 15, 512, 512), (2, 32, 1024, 1024), (5, 2, 3, 100),
+    (3, 7, 5, 333), (2, 15, 32, 128), (1, 1, 1024, 1024), (2, 32, 1, 40), (7, 4, 2, 7),
+])
+def test_build_tree_bit_identical(kind, B, L, K, budget, gen):
+    lp, tok = sorted_logprobs(B, L, K, gen, kind)
+    roots = torch.randint(0, 1000, (B,), generator=gen)
+    ref = build_tree_reference(lp, tok, budget, roots)
+    got = kdtree.build_tree(lp.cuda(), tok.cuda(), budget, roots.cuda())
+    assert_same_tree(got, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_build_tree_extreme_magnitudes(dtype, gen):
+    # float64 rounding matters here: tiny and huge log-probs in one row
+    lp = torch.cat([-torch.rand(2, 10, 8, generator=gen) * 1e-7,
+                    -torch.rand(2, 10, 8, generator=gen) * 60.0], -1).sort(-1, descending=True).values
+    tok = torch.randint(0, 1 << 20, (2, 10, 16), generator=gen, dtype=dtype)
+    assert_same_tree(kdtree.build_tree(lp.cuda(), tok.cuda(), 300), build_tree_reference(lp, tok, 300))
+
+
+def test_build_tree_under_graph_capture(gen):
+    lp, tok = sorted_logprobs(8, 15, 64, gen)
+    lp_d, tok_d = lp.cuda(), tok.cuda()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        kdtree.build_tree(lp_d, tok_d, 64, validate=False)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tree = kdtree.build_tree(lp_d, tok_d, 64, validate=False)
+    lp2, tok2 = sorted_logprobs(8, 15, 64, gen, "ties")
+    lp_d.copy_(lp2), tok_d.copy_(tok2)  # replay on new inputs
+    g.replay()
+    torch.cuda.synchronize()
+    assert_same_tree(tree, build_tree_reference(lp2, tok2, 64))
+
+
+def random_target(tree, gen, p_agree=0.8):
+    """Target choices that agree with a random child most of the time."""
+    B, N = tree.tokens.shape
+    tok, par = tree.tokens.cpu(), tree.parents.cpu()
+    target = torch.randint(0, 50000, (B, N), generator=gen)
+    for b in range(B):
+        for j in range(int(tree.num_nodes[b]) - 1, 0, -1):
+            if torch.rand(1, generator=gen).item() < p_agree:
+                target[b, par[b, j]] = tok[b, j]
+    return target
+
+
+@pytest.mark.parametrize("B,L,K,budget", [(16, 15, 8, 64), (4, 15, 512, 512), (3, 32, 2, 1024), (2, 1, 1, 1)])
+def test_accept_and_compact_match_reference(B, L, K, budget, gen):
+    lp, tok = sorted_logprobs(B, L, K, gen)
+    tree = kdtree.build_tree(lp.cuda(), tok.cuda(), budget)
+    target = random_target(tree, gen)
+    ref = accept_reference(tree, target)
+    got = kdtree.accept_tree(tree, target.cuda())
+    for f in ("indices", "length", "bonus"):
+        assert torch.equal(getattr(got, f).cpu(), getattr(ref, f).cpu()), f
+    N = budget + 1
+    prefix = torch.randint(0, 50, (B,), generator=gen)
+    for shape, dtype in (((B, 60 + N, 576), torch.bfloat16), ((3, B, 60 + N, 70), torch.float32),
+                         ((B, 60 + N, 3), torch.float16)):
+        kv = torch.randn(shape, generator=gen).to(dtype)
+        want = kv.clone()
+        compact_kv_reference(want, prefix, ref)
+        kv_d = kv.cuda()
+        kdtree.compact_kv(kv_d, prefix.cuda(), got)
+        assert torch.equal(kv_d.cpu(), want), (shape, dtype)
+
+
+def test_accept_root_only_and_full_depth_on_gpu():
+    L = 6
+    parents = torch.arange(-1, L, dtype=torch.int32).expand(2, L + 1).contiguous()
+    tokens = torch.arange(L + 1, dtype=torch.int32).expand(2, L + 1).contiguous()
+    tree = kdtree.Tree.from_parents(parents.cuda(), tokens.cuda(), draft_depth=L)
+    target = torch.stack([torch.arange(1, L + 2), torch.full((L + 1,), -5)]).cuda()
+    acc = kdtree.accept_tree(tree, target)
+    assert acc.length.tolist() == [L + 1, 1] and acc.bonus.tolist() == [L + 1, -5]
+
+
+def test_accept_and_compact_capture_in_one_graph(gen):
+    lp, tok = sorted_logprobs(8, 15, 32, gen)
+    tree = kdtree.build_tree(lp.cuda(), tok.cuda(), 32)
+    target = random_target(tree, gen).cuda()
+    kv = torch.randn(8, 200, 576, generator=gen).to(torch.bfloat16).cuda()
+    prefix = torch.randint(0, 100, (8,), generator=gen).cuda()
+    want = kv.clone()
+    compact_kv_reference(want, prefix, accept_reference(tree, target))
+    g = torch.cuda.CUDAGraph()
+    work = kv.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up compiles the kernels outside the capture
+        kdtree.compact_kv(work, prefix, kdtree.accept_tree(tree, target), validate=False)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        acc = kdtree.accept_tree(tree, target)
+        kdtree.compact_kv(work, prefix, acc, validate=False)
+    work.copy_(kv)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(work, want)
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_tree_kernels_under_compute_sanitizer(tool):
+    exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(exe):
+        pytest.skip("compute-sanitizer not installed")
+    script = Path(__file__).with_name("sanitize_tree.py")
+    res = subprocess.run([exe, "--tool", tool, sys.executable, str(script)], capture_output=True,
+                         text=True, timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "ERROR SUMMARY: 0 errors" in out, out[-3000:]
+    assert "selfcheck ok" in out
