@@ -1,0 +1,386 @@
+// Tree-verify MLA-absorb attention (kdtree.verify_attention).
+//
+// q [B, N, H, 576] bf16, kv [B, S, 576] bf16 (value = first 512 of each latent row), the tree
+// rows of sequence b at kv[b, P_b .. P_b + N - 1], visibility int64 [B, N, W] (bit j of row i:
+// node j is an ancestor of i or i itself). Query row (n, h) attends to kv[b, 0 .. P_b - 1] and to
+// the tree rows its visibility row marks. out [B, N, H, 512] bf16, lse [B, N, H] fp32 (natural
+// log; -inf with out = 0 for a row that sees no key). Softmax runs in the log2 domain:
+// scale_log2 = scale * log2(e).
+//
+// Kernels:
+//   verify_naive    one block per (sequence, query, head); re-reads the latent rows per head
+//                   (the original engine's design, the baseline the workbook diagnoses).
+//   verify_fused    one block per (tile of 64 (query, head) rows, KV split, sequence): reads
+//                   each latent row once per tile, QK^T and PV on mma.sync bf16 tensor cores,
+//                   ancestor mask on the tree rows in the same pass. Writes out/lse directly,
+//                   or per-split partials (o normalised, fp32; lse in log2) for verify_combine.
+//                   `mode` restricts the KV range (1: prefix only, 2: tree only) for the cascade.
+//   verify_combine  lse-merges `slots` partials into out/lse.
+#include "attention_common.cuh"
+
+#ifndef FUSED_BM
+#define FUSED_BM 64   // (query, head) rows per block
+#endif
+#ifndef FUSED_BN
+#define FUSED_BN 64   // KV rows per pipeline stage
+#endif
+#define FUSED_THREADS 256
+#define QK_CHUNKS (ATT_D_QK / 8)  // 16-byte chunks per q / kv row
+#define P_CHUNKS (FUSED_BN / 8)   // 16-byte chunks per row of the probability tile
+
+// The warp layout below is written for 64 x 64 tiles and 8 warps: for S = Q K^T warp w owns
+// rows 16 * (w / 2) .. +15 and KV columns 32 * (w % 2) .. +31; for O += P V it owns all 64 rows
+// and value columns 64 * w .. +63.
+static_assert(FUSED_BM == 64 && FUSED_BN == 64, "verify_fused's warp layout assumes 64 x 64 tiles");
+static_assert(ATT_D_V == 8 * 64, "verify_fused: 8 warps x 64 value columns");
+static_assert(ATT_D_QK % 16 == 0 && QK_CHUNKS % 8 == 0, "swizzle needs rows of 8k chunks");
+
+// Shared memory (bytes): Q tile, two KV stages, P tile, [2][BM] partial row stats, [BM] alpha.
+#define FUSED_SMEM_Q (FUSED_BM * ATT_D_QK * 2)
+#define FUSED_SMEM_KV (FUSED_BN * ATT_D_QK * 2)
+#define FUSED_SMEM_P (FUSED_BM * FUSED_BN * 2)
+#define FUSED_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 3 * FUSED_BM * 4)
+
+// Copy rows [row0, row0 + rows) of a [*, 576] bf16 matrix into a swizzled smem tile; rows at
+// or past `valid` are zero-filled (nothing is read for them).
+template <int ROWS>
+__device__ __forceinline__ void fused_load_rows(att_u32 dst, const att_bf16* src, int valid, int tid) {
+  static_assert((ROWS * QK_CHUNKS) % FUSED_THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int k = 0; k < ROWS * QK_CHUNKS / FUSED_THREADS; ++k) {
+    const int i = tid + k * FUSED_THREADS;
+    const int r = i / QK_CHUNKS, c = i - r * QK_CHUNKS;
+    const bool ok = r < valid;
+    att_cp_async16(dst + att_swz(r, c, QK_CHUNKS), ok ? src + (size_t)r * ATT_D_QK + c * 8 : src,
+                   ok ? 16 : 0);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1)
+verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
+             const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
+             att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
+             float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
+             int mode, float scale_log2) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* sRed = reinterpret_cast<float*>(smem + FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P);
+  float* sAlpha = sRed + 2 * FUSED_BM;
+  const att_u32 sQ = att_smem_addr(smem);
+  const att_u32 sKV = sQ + FUSED_SMEM_Q;
+  const att_u32 sP = sKV + 2 * FUSED_SMEM_KV;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int mg = warp >> 1, ng = warp & 1;  // S = Q K^T: row group, column group
+  const int b = blockIdx.z, split = blockIdx.y;
+  const int NH = N * H, g0 = blockIdx.x * FUSED_BM;
+
+  const int p = att_prefix(prefix_lens, b, N, S);
+  int lo, hi;
+  att_kv_range(mode, p, N, lo, hi);
+  const int n_tiles = (hi - lo + FUSED_BN - 1) / FUSED_BN;
+  const int per_split = (n_tiles + splits - 1) / splits;
+  const int kt0 = split * per_split, kt1 = min(n_tiles, kt0 + per_split);
+  const att_bf16* kvb = kv + (size_t)b * S * ATT_D_QK;
+
+  // This thread's two softmax rows (r_lo, r_hi = r_lo + 8) and their visibility rows.
+  const int r_lo = 16 * mg + gid, r_hi = r_lo + 8;
+  const long long* v_lo = vis + ((size_t)b * N + min((g0 + r_lo) / H, N - 1)) * W;
+  const long long* v_hi = vis + ((size_t)b * N + min((g0 + r_hi) / H, N - 1)) * W;
+
+  float o[4][8][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
+  float m_lo = ATT_NEG_INF, m_hi = ATT_NEG_INF, l_lo = 0.f, l_hi = 0.f;
+
+  if (kt0 < kt1) {
+    fused_load_rows<FUSED_BM>(sQ, q + ((size_t)b * NH + g0) * ATT_D_QK, NH - g0, tid);
+    const int t0 = lo + kt0 * FUSED_BN;
+    fused_load_rows<FUSED_BN>(sKV, kvb + (size_t)t0 * ATT_D_QK, hi - t0, tid);
+    att_cp_async_commit();
+  }
+
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const att_u32 sK = sKV + ((kt - kt0) & 1) * FUSED_SMEM_KV;
+    att_cp_async_wait_all();
+    __syncthreads();  // tile kt landed; every warp is done with tile kt - 1 (its stage, P, alpha)
+    if (kt + 1 < kt1) {
+      const int t1 = lo + (kt + 1) * FUSED_BN;
+      fused_load_rows<FUSED_BN>(sKV + ((kt + 1 - kt0) & 1) * FUSED_SMEM_KV,
+                                kvb + (size_t)t1 * ATT_D_QK, hi - t1, tid);
+      att_cp_async_commit();
+    }
+
+    // S = Q K^T for rows r_lo/r_hi x columns 32 * ng .. +31 (four n8 tiles).
+    float s[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
+      att_u32 a[4];
+      att_ldmatrix_x4(sQ + att_swz(16 * mg + (lane & 15), 2 * ks + (lane >> 4), QK_CHUNKS), a[0], a[1], a[2],
+                      a[3]);
+#pragma unroll
+      for (int pp = 0; pp < 2; ++pp) {
+        att_u32 b0, b1, b2, b3;
+        const int tok = 32 * ng + 16 * pp + 8 * (lane >> 4) + (lane & 7);
+        att_ldmatrix_x4(sK + att_swz(tok, 2 * ks + ((lane >> 3) & 1), QK_CHUNKS), b0, b1, b2, b3);
+        att_mma_bf16(s[2 * pp], a, b0, b1);
+        att_mma_bf16(s[2 * pp + 1], a, b2, b3);
+      }
+    }
+
+    // Scale, mask (only tiles that reach the tree rows or the range end), row max.
+    const int T = lo + kt * FUSED_BN;
+    const bool edge = (T + FUSED_BN > p) || (T + FUSED_BN > hi);
+    float mx_lo = ATT_NEG_INF, mx_hi = ATT_NEG_INF;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] *= scale_log2;
+        if (edge) {
+          const int t = T + 32 * ng + 8 * nt + 2 * tig + (e & 1);
+          if (t >= hi || !att_kv_visible(t, p, e < 2 ? v_lo : v_hi)) s[nt][e] = ATT_NEG_INF;
+        }
+      }
+      mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+    }
+    if (tig == 0) {
+      sRed[ng * FUSED_BM + r_lo] = mx_lo;
+      sRed[ng * FUSED_BM + r_hi] = mx_hi;
+    }
+    __syncthreads();  // both column groups' row maxima are in sRed
+
+    // Online softmax: new running max, rescale factor, P = 2^(S - max) as bf16 into smem.
+    const float mn_lo = fmaxf(m_lo, fmaxf(sRed[r_lo], sRed[FUSED_BM + r_lo]));
+    const float mn_hi = fmaxf(m_hi, fmaxf(sRed[r_hi], sRed[FUSED_BM + r_hi]));
+    const float mu_lo = mn_lo == ATT_NEG_INF ? 0.f : mn_lo;  // a row with nothing visible yet
+    const float mu_hi = mn_hi == ATT_NEG_INF ? 0.f : mn_hi;
+    const float al_lo = att_exp2(m_lo - mu_lo), al_hi = att_exp2(m_hi - mu_hi);
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const float p0 = att_exp2(s[nt][0] - mu_lo), p1 = att_exp2(s[nt][1] - mu_lo);
+      const float p2 = att_exp2(s[nt][2] - mu_hi), p3 = att_exp2(s[nt][3] - mu_hi);
+      sum_lo += p0 + p1;
+      sum_hi += p2 + p3;
+      const int ch = 4 * ng + nt;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + att_swz(r_lo, ch, P_CHUNKS) + 4 * tig),
+                   "r"(att_pack_bf16x2(p0, p1)));
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + att_swz(r_hi, ch, P_CHUNKS) + 4 * tig),
+                   "r"(att_pack_bf16x2(p2, p3)));
+    }
+    l_lo = l_lo * al_lo + sum_lo;  // per-thread partial row sums, reduced once at the end
+    l_hi = l_hi * al_hi + sum_hi;
+    if (ng == 0 && tig == 0) {
+      sAlpha[r_lo] = al_lo;
+      sAlpha[r_hi] = al_hi;
+    }
+    __syncthreads();  // P and alpha for all 64 rows are in smem
+
+    // O = alpha * O + P V for all 64 rows x value columns 64 * warp .. +63.
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      const float a0 = sAlpha[16 * mt + gid], a1 = sAlpha[16 * mt + gid + 8];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        o[mt][nt][0] *= a0;
+        o[mt][nt][1] *= a0;
+        o[mt][nt][2] *= a1;
+        o[mt][nt][3] *= a1;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < FUSED_BN / 16; ++ks) {
+      att_u32 a[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        att_ldmatrix_x4(sP + att_swz(16 * mt + (lane & 15), 2 * ks + (lane >> 4), P_CHUNKS), a[mt][0], a[mt][1],
+                        a[mt][2], a[mt][3]);
+#pragma unroll
+      for (int pp = 0; pp < 4; ++pp) {
+        att_u32 b0, b1, b2, b3;
+        const int tok = 16 * ks + 8 * ((lane >> 3) & 1) + (lane & 7);
+        att_ldmatrix_x4_trans(sK + att_swz(tok, 8 * warp + 2 * pp + (lane >> 4), QK_CHUNKS), b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          att_mma_bf16(o[mt][2 * pp], a[mt], b0, b1);
+          att_mma_bf16(o[mt][2 * pp + 1], a[mt], b2, b3);
+        }
+      }
+    }
+  }
+
+  // Row sums: reduce over the quad, then over the two column groups through smem.
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  __syncthreads();  // every warp is past its last read of sRed / sAlpha
+  if (tig == 0) {
+    sRed[ng * FUSED_BM + r_lo] = l_lo;
+    sRed[ng * FUSED_BM + r_hi] = l_hi;
+    if (ng == 0) {
+      sAlpha[r_lo] = m_lo;
+      sAlpha[r_hi] = m_hi;
+    }
+  }
+  __syncthreads();
+
+  const size_t row0 = (size_t)b * NH + g0;  // global (b, n, h) row of tile row 0
+  const size_t part0 = ((size_t)(slot0 + split) * B + b) * NH + g0;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = 16 * mt + gid + 8 * half;
+      if (g0 + r >= NH) continue;
+      const float l = sRed[r] + sRed[FUSED_BM + r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int col = 64 * warp + 8 * nt + 2 * tig;
+        const float x0 = o[mt][nt][2 * half] * inv, x1 = o[mt][nt][2 * half + 1] * inv;
+        if (o_part == nullptr)
+          *reinterpret_cast<att_u32*>(out + (row0 + r) * ATT_D_V + col) = att_pack_bf16x2(x0, x1);
+        else
+          *reinterpret_cast<float2*>(o_part + (part0 + r) * ATT_D_V + col) = make_float2(x0, x1);
+      }
+    }
+  }
+  if (tid < FUSED_BM && g0 + tid < NH) {
+    const float l = sRed[tid] + sRed[FUSED_BM + tid];
+    const float lse2 = l > 0.f ? sAlpha[tid] + att_log2(l) : ATT_NEG_INF;
+    if (o_part == nullptr)
+      lse[row0 + tid] = lse2 * ATT_LN2;
+    else
+      lse_part[part0 + tid] = lse2;
+  }
+}
+
+// out/lse of row g = blockIdx.x of sequence b = blockIdx.y from `slots` partials
+// (o_part [slots, B, NH, 512] normalised fp32, lse_part [slots, B, NH] log2). 128 threads x 4 cols.
+extern "C" __global__ void __launch_bounds__(128)
+verify_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, att_bf16* __restrict__ out,
+               float* __restrict__ lse, int B, int NH, int slots) {
+  const int g = blockIdx.x, b = blockIdx.y;
+  const size_t stride = (size_t)B * NH, row = (size_t)b * NH + g;
+  float mx = ATT_NEG_INF;
+  for (int s = 0; s < slots; ++s) mx = fmaxf(mx, lse_part[s * stride + row]);
+  float sum = 0.f;
+  if (mx != ATT_NEG_INF)
+    for (int s = 0; s < slots; ++s) sum += att_exp2(lse_part[s * stride + row] - mx);
+  const int col = 4 * threadIdx.x;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (sum > 0.f) {
+    const float inv = 1.f / sum;
+    for (int s = 0; s < slots; ++s) {
+      const float w = att_exp2(lse_part[s * stride + row] - mx) * inv;
+      const float4 x = *reinterpret_cast<const float4*>(o_part + (s * stride + row) * ATT_D_V + col);
+      acc.x += w * x.x;
+      acc.y += w * x.y;
+      acc.z += w * x.z;
+      acc.w += w * x.w;
+    }
+  }
+  *reinterpret_cast<uint2*>(out + row * ATT_D_V + col) =
+      make_uint2(att_pack_bf16x2(acc.x, acc.y), att_pack_bf16x2(acc.z, acc.w));
+  if (threadIdx.x == 0) lse[row] = sum > 0.f ? (mx + att_log2(sum)) * ATT_LN2 : ATT_NEG_INF;
+}
+
+#define NAIVE_WARPS 8
+#define NAIVE_PAIRS (ATT_D_QK / 64)  // bf16 pairs of a q / kv row per lane (9)
+#define NAIVE_VPAIRS (ATT_D_V / 64)  // of them, value pairs (8)
+
+// One block per (head, query, sequence): each warp walks every 8th visible KV row with an
+// online softmax, then the 8 warps merge through smem.
+extern "C" __global__ void __launch_bounds__(NAIVE_WARPS * 32)
+verify_naive(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv, const int* __restrict__ prefix_lens,
+             const long long* __restrict__ vis, att_bf16* __restrict__ out, float* __restrict__ lse, int B, int S,
+             int N, int H, int W, float scale_log2) {
+  __shared__ float s_m[NAIVE_WARPS], s_l[NAIVE_WARPS];
+  __shared__ float s_acc[NAIVE_WARPS][ATT_D_V];
+  const int h = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int p = att_prefix(prefix_lens, b, N, S), hi = p + N;
+  const long long* vrow = vis + ((size_t)b * N + n) * W;
+  const size_t row = ((size_t)b * N + n) * H + h;
+
+  // Lane holds pairs lane + 32 k of the row (coalesced 4-byte loads); pairs < 256 are values.
+  const att_u32* qrow = reinterpret_cast<const att_u32*>(q + row * ATT_D_QK);
+  float qf[2 * NAIVE_PAIRS];
+#pragma unroll
+  for (int k = 0; k < NAIVE_PAIRS; ++k) {
+    const att_u32 w = qrow[lane + 32 * k];
+    qf[2 * k] = att_bf16_to_f32((att_bf16)(w & 0xffff));
+    qf[2 * k + 1] = att_bf16_to_f32((att_bf16)(w >> 16));
+  }
+  float m = ATT_NEG_INF, l = 0.f, acc[2 * NAIVE_VPAIRS];
+#pragma unroll
+  for (int i = 0; i < 2 * NAIVE_VPAIRS; ++i) acc[i] = 0.f;
+
+  for (int t = warp; t < hi; t += NAIVE_WARPS) {
+    if (t >= p && !att_visible(vrow, t - p)) continue;
+    const att_u32* krow = reinterpret_cast<const att_u32*>(kv + ((size_t)b * S + t) * ATT_D_QK);
+    float kf[2 * NAIVE_PAIRS], dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < NAIVE_PAIRS; ++k) {
+      const att_u32 w = krow[lane + 32 * k];
+      kf[2 * k] = att_bf16_to_f32((att_bf16)(w & 0xffff));
+      kf[2 * k + 1] = att_bf16_to_f32((att_bf16)(w >> 16));
+      dot += qf[2 * k] * kf[2 * k] + qf[2 * k + 1] * kf[2 * k + 1];
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    const float s = dot * scale_log2, mn = fmaxf(m, s);
+    const float al = att_exp2(m - mn), pv = att_exp2(s - mn);
+    l = l * al + pv;
+#pragma unroll
+    for (int i = 0; i < 2 * NAIVE_VPAIRS; ++i) acc[i] = acc[i] * al + pv * kf[i];
+    m = mn;
+  }
+
+#pragma unroll
+  for (int k = 0; k < NAIVE_VPAIRS; ++k) {
+    s_acc[warp][2 * (lane + 32 * k)] = acc[2 * k];
+    s_acc[warp][2 * (lane + 32 * k) + 1] = acc[2 * k + 1];
+  }
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+  __syncthreads();
+  float M = ATT_NEG_INF;
+#pragma unroll
+  for (int w = 0; w < NAIVE_WARPS; ++w) M = fmaxf(M, s_m[w]);
+  float L = 0.f, x0 = 0.f, x1 = 0.f;
+  const int col = 2 * threadIdx.x;
+  if (M != ATT_NEG_INF) {
+#pragma unroll
+    for (int w = 0; w < NAIVE_WARPS; ++w) {
+      const float f = att_exp2(s_m[w] - M);
+      L += f * s_l[w];
+      x0 += f * s_acc[w][col];
+      x1 += f * s_acc[w][col + 1];
+    }
+  }
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  *reinterpret_cast<att_u32*>(out + row * ATT_D_V + col) = att_pack_bf16x2(x0 * inv, x1 * inv);
+  if (threadIdx.x == 0) lse[row] = L > 0.f ? (M + att_log2(L)) * ATT_LN2 : ATT_NEG_INF;
+}

@@ -1,0 +1,349 @@
+"""Tree-verify MLA-absorb attention: the reference, the CUDA variants, and dispatch.
+
+Query row (n, h) of sequence b attends to the whole prefix ``kv[b, :P_b]`` and to the tree rows
+``kv[b, P_b + j]`` of the nodes j its visibility row marks (its ancestors and itself). Keys are the
+576-wide latent rows shared by all heads; values are their first 512 entries.
+
+Variants (all selectable by name, see ``verify_attention``):
+
+* ``naive``: one CUDA block per (sequence, query, head), re-reading the latent rows per head.
+* ``cascade``: the fused kernel over the prefix only (split across SMs), again over the tree rows
+  only, then an lse merge: the two-pass scheme serving stacks use.
+* ``fused``: one pass over each latent row per tile of 64 (query, head) rows, mma.sync bf16 tensor
+  cores, the ancestor mask applied in the same pass, long prefixes split across SMs and merged.
+* ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
+
+``python -m kdtree.attention --selfcheck`` runs every CUDA variant on small cases against the
+float64 reference (used under compute-sanitizer by the GPU tests).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from kdtree.tree import Tree
+
+D_QK = 576          # absorbed q / latent key width (512 latent + 64 rope)
+D_V = 512           # value / output width per head
+HEADS = (8, 16, 32, 64, 128)
+MAX_NODES = 1025    # N = budget + 1
+VARIANTS = ("naive", "cascade", "fused", "torch")
+CUDA_VARIANTS = ("naive", "cascade", "fused")
+
+_SRC = "verify_attention"
+_FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/verify_attention.cu
+_FUSED_THREADS = 256
+# Q tile + two KV stages + P tile + 3 x BM floats of row statistics (FUSED_SMEM_BYTES).
+_FUSED_SMEM = (_FUSED_BM + 2 * _FUSED_BN) * D_QK * 2 + _FUSED_BM * _FUSED_BN * 2 + 3 * _FUSED_BM * 4
+_MAX_SPLITS = 32
+_LOG2E = 1.4426950408889634
+
+
+def _check_tensor(name, t, dtypes, ndim, device=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device} (that of q), got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out):
+    """Raise TypeError/ValueError naming the bad argument; nothing has run yet."""
+    _check_tensor("q", q, (torch.bfloat16,), 4)
+    B, N, H, D = q.shape
+    dev = q.device
+    if D != D_QK:
+        raise ValueError(f"q: expected last dimension {D_QK} (absorbed MLA), got {D}")
+    if H not in HEADS:
+        raise ValueError(f"q: unsupported number of heads H={H}; supported: {HEADS}")
+    if not 1 <= N <= MAX_NODES:
+        raise ValueError(f"q: tree nodes N={N} out of range 1..{MAX_NODES}")
+    if B < 1:
+        raise ValueError("q: empty batch")
+    _check_tensor("kv", kv, (torch.bfloat16,), 3, dev)
+    if kv.shape[0] != B or kv.shape[2] != D_QK:
+        raise ValueError(f"kv: expected shape [{B}, S, {D_QK}], got {tuple(kv.shape)}")
+    S = kv.shape[1]
+    if S < N:
+        raise ValueError(f"kv: S={S} rows cannot hold the N={N} tree rows")
+    _check_tensor("prefix_lens", prefix_lens, (torch.int32, torch.int64), 1, dev)
+    if prefix_lens.shape[0] != B:
+        raise ValueError(f"prefix_lens: expected shape [{B}], got {tuple(prefix_lens.shape)}")
+    if not isinstance(tree, Tree):
+        raise TypeError(f"tree: expected kdtree.Tree, got {type(tree).__name__}")
+    W = (N + 63) // 64
+    _check_tensor("tree.visibility", tree.visibility, (torch.int64,), 3, dev)
+    if tuple(tree.visibility.shape) != (B, N, W):
+        raise ValueError(f"tree.visibility: expected shape [{B}, {N}, {W}] to match q, "
+                         f"got {tuple(tree.visibility.shape)}")
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool):
+        raise TypeError(f"scale: expected a real number, got {type(scale).__name__}")
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale: expected a finite positive number, got {scale}")
+    if variant not in VARIANTS + ("auto",):
+        raise ValueError(f"variant: expected one of {VARIANTS + ('auto',)}, got {variant!r}")
+    if variant in CUDA_VARIANTS and dev.type != "cuda":
+        raise ValueError(f"variant: {variant!r} needs CUDA tensors, q is on {dev}")
+    if out is not None:
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("out: expected a tuple (out, lse)")
+        _check_tensor("out[0]", out[0], (torch.bfloat16,), 4, dev)
+        _check_tensor("out[1]", out[1], (torch.float32,), 3, dev)
+        if tuple(out[0].shape) != (B, N, H, D_V) or tuple(out[1].shape) != (B, N, H):
+            raise ValueError(f"out: expected shapes [{B}, {N}, {H}, {D_V}] and [{B}, {N}, {H}]")
+    capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if check_values and not capturing:
+        lo, hi = int(prefix_lens.min()), int(prefix_lens.max())
+        if lo < 0:
+            raise ValueError(f"prefix_lens: negative prefix length {lo}")
+        if hi + N > S:
+            raise ValueError(f"prefix_lens: prefix {hi} + N={N} tree rows exceeds kv's S={S}")
+
+
+def reference_attention(q, kv, prefix_lens, tree, scale, dtype=torch.float64):
+    """Masked softmax attention computed in ``dtype`` from the (upcast) inputs.
+
+    Returns ``(out [B, N, H, 512], lse [B, N, H])`` both in ``dtype``; a row that sees no key
+    gets ``out = 0`` and ``lse = -inf``. No host synchronisation (graph-capturable on CUDA).
+    """
+    B, N, H, _ = q.shape
+    S = kv.shape[1]
+    dev = q.device
+    vis = tree.visibility
+    pl = prefix_lens.to(torch.int64)
+    bits = (vis[..., None] >> torch.arange(64, device=dev)) & 1          # [B, N, W, 64]
+    bits = bits.reshape(B, N, -1)[:, :, :N].bool()                        # [B, N, N]
+    j = torch.arange(S, device=dev)[None, :] - pl[:, None]              # tree index per row [B, S]
+    tree_vis = torch.gather(bits, 2, j.clamp(0, N - 1)[:, None, :].expand(B, N, S))
+    mask = (j < 0)[:, None, :] | (((j >= 0) & (j < N))[:, None, :] & tree_vis)  # [B, N, S]
+    outs, lses = [], []
+    for b in range(B):  # one sequence at a time bounds the [N*H, S] score matrix
+        k = kv[b].to(dtype)
+        s = (q[b].reshape(N * H, D_QK).to(dtype) @ k.T) * scale
+        s = s.view(N, H, S).masked_fill(~mask[b][:, None, :], float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)                                  # [N, H]
+        p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+        outs.append((p.reshape(N * H, S) @ k[:, :D_V]).view(N, H, D_V))
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
+def _torch_variant(q, kv, prefix_lens, tree, scale):
+    out, lse = reference_attention(q, kv, prefix_lens, tree, scale, dtype=torch.float32)
+    return out.to(torch.bfloat16), lse
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def choose_splits(blocks: int, kv_rows: int, num_sms: int) -> int:
+    """KV splits for the fused kernel: fewest estimated waves x tiles per block.
+
+    ``blocks`` are the (row tile, sequence) blocks, one resident per SM (the kernel takes ~225 KB
+    of shared memory); each split costs about two tiles more (prologue, partial write, combine).
+    """
+    tiles = max(1, -(-kv_rows // _FUSED_BN))
+    best, best_cost = 1, None
+    for s in range(1, min(_MAX_SPLITS, tiles) + 1):
+        cost = -(-blocks * s // num_sms) * (-(-tiles // s) + (2 if s > 1 else 0))
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+def _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode, scale_log2):
+    from kdtree.kernels import get_kernel, launch, ptr
+
+    B, N, H, _ = q.shape
+    fn = get_kernel(_SRC, "verify_fused")
+    grid = (-(-(N * H) // _FUSED_BM), splits, B)
+    null = np.uint64(0)
+    args = (ptr(q), ptr(kv), ptr(pl), ptr(vis), ptr(out), ptr(lse),
+            ptr(o_part) if o_part is not None else null, ptr(lse_part) if lse_part is not None else null,
+            np.int32(B), np.int32(kv.shape[1]), np.int32(N), np.int32(H), np.int32(vis.shape[2]),
+            np.int32(splits), np.int32(slot0), np.int32(mode), np.float32(scale_log2))
+    launch(fn, grid, (_FUSED_THREADS,), args, shared_mem=_FUSED_SMEM, device=q.device)
+
+
+def _launch_combine(o_part, lse_part, out, lse):
+    from kdtree.kernels import get_kernel, launch, ptr
+
+    slots, B, NH, _ = o_part.shape
+    fn = get_kernel(_SRC, "verify_combine")
+    launch(fn, (NH, B), (D_V // 4,), (ptr(o_part), ptr(lse_part), ptr(out), ptr(lse), np.int32(B),
+                                        np.int32(NH), np.int32(slots)), device=out.device)
+
+
+def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None):
+    """Launch a CUDA variant into ``out``/``lse``; ``splits`` overrides the KV split heuristic."""
+    from kdtree.kernels import get_kernel, launch, ptr
+
+    B, N, H, _ = q.shape
+    S = kv.shape[1]
+    pl = prefix_lens if prefix_lens.dtype == torch.int32 else prefix_lens.to(torch.int32)
+    vis = tree.visibility
+    scale_log2 = scale * _LOG2E
+    if variant == "naive":
+        fn = get_kernel(_SRC, "verify_naive")
+        launch(fn, (H, N, B), (256,), (ptr(q), ptr(kv), ptr(pl), ptr(vis), ptr(out), ptr(lse), np.int32(B),
+                                       np.int32(S), np.int32(N), np.int32(H), np.int32(vis.shape[2]),
+                                       np.float32(scale_log2)), device=q.device)
+        return
+    blocks = -(-(N * H) // _FUSED_BM) * B
+    sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    if variant == "fused":
+        s = splits or choose_splits(blocks, S, sms)
+        if s == 1:
+            _launch_fused(q, kv, pl, vis, out, lse, None, None, 1, 0, 0, scale_log2)
+            return
+        o_part = torch.empty((s, B, N * H, D_V), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((s, B, N * H), dtype=torch.float32, device=q.device)
+        _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 0, scale_log2)
+    else:  # cascade: prefix pass (split), tree pass, merge
+        s = splits or choose_splits(blocks, S - N, sms)
+        o_part = torch.empty((s + 1, B, N * H, D_V), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((s + 1, B, N * H), dtype=torch.float32, device=q.device)
+        _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 1, scale_log2)
+        _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, 1, s, 2, scale_log2)
+    _launch_combine(o_part, lse_part, out, lse)
+
+
+def verify_attention(q, kv, prefix_lens, tree, scale, variant="auto", *, out=None, check_values=True):
+    """Tree-verify MLA-absorb attention over the prefix and the draft tree.
+
+    Parameters
+    ----------
+    q : torch.Tensor, bf16 [B, N, H, 576]
+        Absorbed queries of the N tree nodes; H in (8, 16, 32, 64, 128), N <= 1025.
+    kv : torch.Tensor, bf16 [B, S, 576]
+        Latent cache; the tree rows of sequence b sit at ``prefix_lens[b] .. prefix_lens[b] + N - 1``.
+    prefix_lens : torch.Tensor, int32 or int64 [B]
+        Prefix length per sequence (0 allowed); ``prefix_lens + N <= S``.
+    tree : kdtree.Tree
+        Its ``visibility`` [B, N, ceil(N / 64)] int64 marks, per node, the tree rows it sees.
+    scale : float
+        Softmax scale applied to q . k.
+    variant : {"auto", "fused", "cascade", "naive", "torch"}
+        ``auto`` runs ``fused`` on CUDA tensors and ``torch`` otherwise.
+    out : tuple of torch.Tensor, optional
+        Preallocated ``(out, lse)`` to write into.
+    check_values : bool
+        Check prefix lengths against S (one host synchronisation). Skipped during graph capture.
+
+    Returns
+    -------
+    out : torch.Tensor, bf16 [B, N, H, 512]
+    lse : torch.Tensor, float32 [B, N, H]
+        Natural-log sum of exp of the scaled scores; a row that sees no key (padding node with an
+        empty prefix) gets ``out = 0`` and ``lse = -inf``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Naming the argument, before anything is launched or written.
+    """
+    _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out)
+    if variant == "auto":
+        variant = "fused" if q.device.type == "cuda" else "torch"
+    if variant == "torch":
+        o, lse = _torch_variant(q, kv, prefix_lens, tree, float(scale))
+        if out is None:
+            return o, lse
+        out[0].copy_(o)
+        out[1].copy_(lse)
+        return out
+    B, N, H, _ = q.shape
+    if out is None:
+        out = (torch.empty((B, N, H, D_V), dtype=torch.bfloat16, device=q.device),
+               torch.empty((B, N, H), dtype=torch.float32, device=q.device))
+    _run_cuda(variant, q, kv, prefix_lens, tree, float(scale), out[0], out[1])
+    return out
+
+
+# ---- small random cases (tests, selfcheck, benchmark) ----
+
+def random_parents(B: int, N: int, num_nodes, gen: torch.Generator) -> torch.Tensor:
+    """Random tree parents [B, N] (a parent precedes its child; -1 for root and padding)."""
+    parents = torch.full((B, N), -1, dtype=torch.int32)
+    for b in range(B):
+        n = int(num_nodes[b])
+        for i in range(1, n):
+            parents[b, i] = int(torch.randint(0, i, (1,), generator=gen))
+    return parents
+
+
+def random_case(B, N, H, prefix_lens, gen, device="cpu", extra=0, num_nodes=None):
+    """Random (q, kv, prefix_lens, tree) with S = max(prefix) + N + extra; N(0, 1) bf16 values."""
+    pl = torch.as_tensor(prefix_lens, dtype=torch.int32)
+    nn = torch.full((B,), N) if num_nodes is None else torch.as_tensor(num_nodes)
+    tree = Tree.from_parents(random_parents(B, N, nn, gen))
+    S = int(pl.max()) + N + extra
+    q = torch.randn(B, N, H, D_QK, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(B, S, D_QK, generator=gen).to(torch.bfloat16)
+    return q.to(device), kv.to(device), pl.to(device), tree_to(tree, device)
+
+
+def tree_to(tree: Tree, device) -> Tree:
+    """The same tree with every tensor on ``device``."""
+    return Tree(tree.tokens.to(device), tree.parents.to(device), tree.depth.to(device),
+                tree.num_nodes.to(device), tree.visibility.to(device), tree.draft_depth)
+
+
+def errors(out, lse, ref_out, ref_lse):
+    """(relative Frobenius error of out, max abs lse error over finite rows, -inf pattern equal)."""
+    o, r = out.double().cpu(), ref_out.double().cpu()
+    rel = float((o - r).norm() / r.norm().clamp_min(1e-300))
+    l, rl = lse.double().cpu(), ref_lse.double().cpu()
+    fin = torch.isfinite(rl)
+    same_inf = bool(torch.equal(fin, torch.isfinite(l)))
+    lse_err = float((l[fin] - rl[fin]).abs().max()) if bool(fin.any()) else 0.0
+    if bool(torch.isnan(o).any()) or bool(torch.isnan(l).any()):
+        rel = float("nan")
+    return rel, lse_err, same_inf
+
+
+def _selfcheck(variants) -> bool:
+    gen = torch.Generator().manual_seed(1)
+    cases = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),  # 2 mask words, empty prefix, padding rows
+             (1, 9, 16, [300], None)]
+    ok = True
+    for B, N, H, pls, nn in cases:
+        q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
+        scale = 1 / math.sqrt(192)
+        ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), scale)
+        for v in variants:
+            for splits in ((None, 1, 3) if v == "fused" else (None,)):
+                o = (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"),
+                     torch.full((B, N, H), float("nan"), device="cuda"))
+                _run_cuda(v, q, kv, pl, tree, scale, o[0], o[1], splits=splits)
+                torch.cuda.synchronize()
+                rel, le, inf_ok = errors(*o, *ref)
+                good = rel <= 1e-2 and le <= 1e-3 and inf_ok
+                ok &= good
+                print(f"{v:8s} B={B} N={N} H={H} splits={splits}: rel={rel:.2e} lse={le:.2e} "
+                      f"{'ok' if good else 'FAIL'}")
+    return ok
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--selfcheck", action="store_true", help="run the CUDA variants on small cases")
+    ap.add_argument("--variants", default=",".join(CUDA_VARIANTS))
+    a = ap.parse_args()
+    if not a.selfcheck:
+        ap.error("nothing to do (use --selfcheck)")
+    sys.exit(0 if _selfcheck(a.variants.split(",")) else 1)

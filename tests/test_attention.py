@@ -1,0 +1,247 @@
+"""verify_attention: every variant against the float64 reference, and every bad-input path.
+
+Tolerances (issue 3): relative Frobenius error of out <= 1e-2 (bf16 output), lse absolute error
+<= 1e-3, the -inf pattern of lse equal (rows that see no key), outputs poisoned with NaN first so
+an unwritten element fails, never NaN.
+"""
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kdtree
+from kdtree.attention import (D_QK, D_V, choose_splits, errors, random_case, reference_attention,
+                              tree_to, verify_attention, _run_cuda)
+from kdtree.tree import Tree
+
+REL_TOL, LSE_TOL = 1e-2, 1e-3
+SCALE = 1 / math.sqrt(192)
+
+# (B, N, H, prefix lengths, real nodes per sequence or None for all N)
+CASES = [
+    (1, 1, 8, [0], None),                    # root only, empty prefix
+    (2, 9, 16, [5, 0], None),                # odd N, one empty prefix
+    (3, 33, 8, [64, 17, 130], [33, 20, 7]),  # mixed prefixes, padding rows
+    (2, 70, 8, [0, 100], [45, 70]),          # two mask words; padding rows with an empty prefix
+    (1, 130, 8, [63], None),                 # three mask words
+]
+CPU_CASES = CASES
+GPU_CASES = CASES + [
+    (2, 257, 16, [1000, 3], None),           # five words, long prefix vs short
+    (1, 33, 64, [4096], None),               # the benchmark's small point
+    (2, 20, 128, [200, 77], [20, 11]),       # 128 heads
+]
+
+
+def _ids(cases):
+    return [f"B{c[0]}-N{c[1]}-H{c[2]}-P{'_'.join(map(str, c[3]))}" for c in cases]
+
+
+def _poisoned(B, N, H, device):
+    return (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device=device),
+            torch.full((B, N, H), float("nan"), dtype=torch.float32, device=device))
+
+
+def _check(out, lse, ref):
+    rel, lse_err, same_inf = errors(out, lse, *ref)
+    assert not math.isnan(rel), "NaN (or an unwritten poisoned element) in the output"
+    assert same_inf, "lse is -inf exactly where no key is visible"
+    assert rel <= REL_TOL, f"out relative error {rel:.3e} > {REL_TOL}"
+    assert lse_err <= LSE_TOL, f"lse abs error {lse_err:.3e} > {LSE_TOL}"
+
+
+# ---------------------------------------------------------------- CPU
+
+def test_reference_matches_explicit_ancestor_walk(gen):
+    """The oracle itself: one row recomputed from an explicit parent walk in float64."""
+    q, kv, pl, tree = random_case(2, 70, 8, [11, 0], gen, num_nodes=[70, 50])
+    ref_out, ref_lse = reference_attention(q, kv, pl, tree, SCALE)
+    for b, n, h in ((0, 69, 3), (1, 49, 0), (1, 0, 7), (0, 0, 0)):
+        keys, j = list(range(int(pl[b]))), n
+        while j >= 0:
+            keys.append(int(pl[b]) + j)
+            j = int(tree.parents[b, j])
+        k = kv[b, keys].double()
+        s = (k @ q[b, n, h].double()) * SCALE
+        assert torch.allclose(ref_lse[b, n, h], torch.logsumexp(s, 0), atol=1e-12)
+        assert torch.allclose(ref_out[b, n, h], torch.softmax(s, 0) @ k[:, :D_V], atol=1e-12)
+    # a padding node of a sequence with an empty prefix sees nothing
+    assert torch.isinf(ref_lse[1, 50:]).all() and (ref_out[1, 50:] == 0).all()
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=_ids(CPU_CASES))
+@pytest.mark.parametrize("variant", ["torch", "auto"])
+def test_torch_variant_cpu(case, variant, gen):
+    B, N, H, pls, nn = case
+    q, kv, pl, tree = random_case(B, N, H, pls, gen, extra=2, num_nodes=nn)
+    ref = reference_attention(q, kv, pl, tree, SCALE)
+    out = _poisoned(B, N, H, "cpu")
+    res = verify_attention(q, kv, pl, tree, SCALE, variant, out=out)
+    assert res[0] is out[0] and res[1] is out[1]
+    _check(*out, ref)
+    o, l = verify_attention(q, kv, pl, tree, SCALE, variant)
+    assert o.dtype == torch.bfloat16 and l.dtype == torch.float32
+    assert o.shape == (B, N, H, D_V) and l.shape == (B, N, H)
+    _check(o, l, ref)
+
+
+def test_int64_prefix_lens_accepted(gen):
+    q, kv, pl, tree = random_case(2, 9, 8, [3, 7], gen)
+    ref = reference_attention(q, kv, pl, tree, SCALE)
+    _check(*verify_attention(q, kv, pl.long(), tree, SCALE), ref)
+
+
+def test_exported():
+    assert kdtree.verify_attention is verify_attention and "verify_attention" in kdtree.__all__
+
+
+def _good(gen, device="cpu"):
+    return random_case(2, 9, 8, [4, 6], gen, device, extra=1)
+
+
+def _tree_with_vis(tree, vis):
+    return Tree(tree.tokens, tree.parents, tree.depth, tree.num_nodes, vis, tree.draft_depth)
+
+
+BAD = {
+    "q dtype": (lambda q, kv, pl, t: (q.float(), kv, pl, t), TypeError, "q: expected dtype"),
+    "q not a tensor": (lambda q, kv, pl, t: ([1], kv, pl, t), TypeError, "q: expected a torch.Tensor"),
+    "q ndim": (lambda q, kv, pl, t: (q[0], kv, pl, t), ValueError, "q: expected 4 dimensions"),
+    "q width": (lambda q, kv, pl, t: (q[..., :512].contiguous(), kv, pl, t), ValueError, "q: expected last dimension"),
+    "q heads": (lambda q, kv, pl, t: (torch.cat([q, q[:, :, :4]], 2), kv, pl, t), ValueError, "unsupported number of heads"),
+    "q noncontig": (lambda q, kv, pl, t: (q.transpose(1, 2).contiguous().transpose(1, 2), kv, pl, t), ValueError, "q: expected a contiguous"),
+    "kv dtype": (lambda q, kv, pl, t: (q, kv.half(), pl, t), TypeError, "kv: expected dtype"),
+    "kv batch": (lambda q, kv, pl, t: (q, kv[:1].contiguous(), pl, t), ValueError, "kv: expected shape"),
+    "kv width": (lambda q, kv, pl, t: (q, kv[..., :512].contiguous(), pl, t), ValueError, "kv: expected shape"),
+    "kv noncontig": (lambda q, kv, pl, t: (q, kv[:, ::2], pl, t), ValueError, "kv: expected a contiguous"),
+    "prefix dtype": (lambda q, kv, pl, t: (q, kv, pl.float(), t), TypeError, "prefix_lens: expected dtype"),
+    "prefix shape": (lambda q, kv, pl, t: (q, kv, pl[:1].contiguous(), t), ValueError, "prefix_lens: expected shape"),
+    "prefix too long": (lambda q, kv, pl, t: (q, kv, pl + 2, t), ValueError, "exceeds kv's S"),
+    "prefix negative": (lambda q, kv, pl, t: (q, kv, pl - 5, t), ValueError, "negative prefix"),
+    "tree type": (lambda q, kv, pl, t: (q, kv, pl, t.visibility), TypeError, "tree: expected kdtree.Tree"),
+    "tree shape": (lambda q, kv, pl, t: (q, kv, pl, _tree_with_vis(t, t.visibility[:1].contiguous())), ValueError, "tree.visibility: expected shape"),
+    "tree dtype": (lambda q, kv, pl, t: (q, kv, pl, _tree_with_vis(t, t.visibility.int())), TypeError, "tree.visibility: expected dtype"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_raises_before_writing(name, gen):
+    make, exc, msg = BAD[name]
+    q, kv, pl, tree = _good(gen)
+    out = _poisoned(*q.shape[:3], "cpu")
+    with pytest.raises(exc, match=msg):
+        verify_attention(*make(q, kv, pl, tree), SCALE, "torch", out=out)
+    assert torch.isnan(out[0].float()).all() and torch.isnan(out[1]).all()
+
+
+def test_too_many_nodes(gen):
+    q, kv, pl, tree = random_case(1, 2, 8, [0], gen)
+    qb = torch.zeros(1, 1026, 8, D_QK, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="N=1026 out of range"):
+        verify_attention(qb, kv, pl, tree, SCALE)
+
+
+@pytest.mark.parametrize("scale, variant, out, exc, msg", [
+    (-1.0, "auto", None, ValueError, "scale: expected a finite positive"),
+    ("0.1", "auto", None, TypeError, "scale: expected a real number"),
+    (SCALE, "flash", None, ValueError, "variant: expected one of"),
+    (SCALE, "fused", None, ValueError, "variant: 'fused' needs CUDA"),
+    (SCALE, "auto", [1, 2], TypeError, "out: expected a tuple"),
+    (SCALE, "auto", (1, 2), TypeError, r"out\[0\]: expected a torch.Tensor"),
+])
+def test_bad_options(scale, variant, out, exc, msg, gen):
+    q, kv, pl, tree = _good(gen)
+    with pytest.raises(exc, match=msg):
+        verify_attention(q, kv, pl, tree, scale, variant, out=out)
+
+
+def test_out_shape_mismatch(gen):
+    q, kv, pl, tree = _good(gen)
+    out = _poisoned(2, 9, 16, "cpu")
+    with pytest.raises(ValueError, match="out: expected shapes"):
+        verify_attention(q, kv, pl, tree, SCALE, out=out)
+
+
+def test_choose_splits():
+    assert choose_splits(blocks=528, kv_rows=4129, num_sms=132) == 1      # 4 full waves already
+    s = choose_splits(blocks=33, kv_rows=4129, num_sms=132)               # B=1, N=33, H=64
+    assert 33 * s <= 132 and s >= 3                                       # fills the SMs in one wave
+    assert choose_splits(blocks=1, kv_rows=10, num_sms=132) == 1          # one tile: nothing to split
+
+
+# ---------------------------------------------------------------- GPU
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=_ids(GPU_CASES))
+@pytest.mark.parametrize("variant", ["fused", "cascade", "naive", "torch"])
+def test_variant_matches_reference(variant, case, gen):
+    B, N, H, pls, nn = case
+    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
+    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
+    out = _poisoned(B, N, H, "cuda")
+    verify_attention(q, kv, pl, tree, SCALE, variant, out=out)
+    torch.cuda.synchronize()
+    _check(*out, ref)
+
+
+@gpu
+@pytest.mark.parametrize("splits", [1, 2, 5, 32])
+@pytest.mark.parametrize("variant", ["fused", "cascade"])
+def test_split_counts(variant, splits, gen):
+    """Every KV split count gives the same function, including splits with no tiles."""
+    B, N, H = 2, 70, 16
+    q, kv, pl, tree = random_case(B, N, H, [700, 0], gen, "cuda", num_nodes=[70, 31])
+    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
+    out = _poisoned(B, N, H, "cuda")
+    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits)
+    torch.cuda.synchronize()
+    _check(*out, ref)
+
+
+@gpu
+@pytest.mark.parametrize("variant", ["fused", "cascade", "torch"])
+def test_cuda_graph_replay(variant, gen):
+    """Captured once, replayed on new inputs copied into the same buffers."""
+    B, N, H = 2, 33, 8
+    q, kv, pl, tree = random_case(B, N, H, [300, 41], gen, "cuda")
+    verify_attention(q, kv, pl, tree, SCALE, variant)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    out = _poisoned(B, N, H, "cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        verify_attention(q, kv, pl, tree, SCALE, variant, out=out)
+    q2, kv2, _, _ = random_case(B, N, H, [300, 41], gen, "cuda")
+    q.copy_(q2)
+    kv.copy_(kv2)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(*out, reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE))
+
+
+@gpu
+def test_device_mismatch_raises(gen):
+    q, kv, pl, tree = _good(gen, "cuda")
+    with pytest.raises(ValueError, match="kv: expected device"):
+        verify_attention(q, kv.cpu(), pl, tree, SCALE)
+    with pytest.raises(ValueError, match="tree.visibility: expected device"):
+        verify_attention(q, kv, pl, tree_to(tree, "cpu"), SCALE)
+
+
+@gpu
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+def test_compute_sanitizer(tool):
+    exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(exe):
+        pytest.skip("compute-sanitizer not installed")
+    res = subprocess.run([exe, f"--tool={tool}", sys.executable, "-m", "kdtree.attention", "--selfcheck"],
+                         capture_output=True, text=True, timeout=400)
+    print(res.stdout[-4000:], res.stderr[-2000:])
+    assert "ERROR SUMMARY: 0 errors" in res.stdout + res.stderr
+    assert res.returncode == 0
