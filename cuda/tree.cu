@@ -10,8 +10,8 @@
 // the slot to rank r + 1 and opens slot n at rank 0. Slots live in shared memory in groups of
 // 32; lane g of the heap warp keeps the best entry of group g in registers. A pop is then one
 // warp-wide argmax over the 32 group bests and two group re-scans, each a pair of
-// redux.sync max on the order-preserving 64-bit image of the score: no sorting network, no
-// sift-down chains through shared memory.
+// redux.sync max on the order-preserving 64-bit image of the score, plus one over the other
+// groups' bests, all three independent: no sorting network, no sift-down chains.
 //
 // Compile-time options (-D): TOKEN_T (draft token dtype), TARGET_T (target token dtype),
 // PLEN_T (prefix length dtype), WORD_T (compaction copy unit), MAX_ACCEPT (L + 1 bound).
@@ -36,13 +36,14 @@
 
 // Order-preserving image of a double: larger score -> larger unsigned. -0.0 is folded into
 // +0.0 first (the reference compares them equal and falls through to the rank tuple).
+// 0 never occurs for a finite score, so it marks an empty entry.
 __device__ __forceinline__ unsigned long long score_key(double w) {
     long long bits = __double_as_longlong(w + 0.0);
     return bits < 0 ? ~(unsigned long long)bits : (unsigned long long)bits | 0x8000000000000000ull;
 }
 
 // Does entry (parent slot sa, child rank ra) come before entry (sb, rb) in the lexicographic
-// order of rank tuples? Walks parent pointers; only called on exact score ties.
+// order of rank tuples? Walks parent pointers; only reached on exact score ties.
 __device__ bool lex_less(int sa, int ra, int sb, int rb, const int* par, const int* rank, const int* depth) {
     int da = depth[sa] + 1, db = depth[sb] + 1;
     const int da0 = da, db0 = db;
@@ -53,116 +54,141 @@ __device__ bool lex_less(int sa, int ra, int sb, int rb, const int* par, const i
     return ra < rb;
 }
 
-// Warp-wide argmax of (key, then lexicographic rank tuple). Every lane gets the winning lane,
-// or -1 when every lane is empty (key 0).
-__device__ __forceinline__ int warp_best(unsigned long long key, int slot, int rank,
-                                         const int* par, const int* rnk, const int* dep) {
-    const unsigned hi = (unsigned)(key >> 32), lo = (unsigned)key;
-    const unsigned mhi = __reduce_max_sync(FULL, hi);
-    const unsigned mlo = __reduce_max_sync(FULL, hi == mhi ? lo : 0u);
-    if (mhi == 0u && mlo == 0u) return -1;
-    unsigned ties = __ballot_sync(FULL, hi == mhi && lo == mlo);
-    int best = __ffs(ties) - 1;
-    ties &= ties - 1;
-    if (ties) {  // exact score tie: fall back to the rank tuples (rare on real data)
-        int bs = __shfl_sync(FULL, slot, best), br = __shfl_sync(FULL, rank, best);
-        while (ties) {
-            const int l = __ffs(ties) - 1;
-            ties &= ties - 1;
-            const int ls = __shfl_sync(FULL, slot, l), lr = __shfl_sync(FULL, rank, l);
-            if (lex_less(ls, lr, bs, br, par, rnk, dep)) { best = l; bs = ls; br = lr; }
-        }
-    }
-    return best;
+// Inverse of score_key for non-empty keys (exact: the map is a bijection on finite doubles).
+__device__ __forceinline__ double key_score(unsigned long long k) {
+    return __longlong_as_double((long long)((k >> 63) ? (k & 0x7fffffffffffffffull) : ~k));
 }
 
-// Shared memory (dynamic): lp[L*K] float | slot_w[budget] double | slot_r[budget] int |
-// node parent, rank, depth [budget + 1] int.
-extern "C" __global__ void __launch_bounds__(256) build_tree(
+// One frontier entry: the next unpopped child (rank `rank`) of node `slot` at depth `dep`,
+// its score folded into `key` (0 = empty) and the rest packed in 32 bits
+// (slot: 11 bits, rank: 11 bits, depth: 6 bits), so a shuffle or select moves 3 registers.
+struct Entry {
+    unsigned long long key;
+    unsigned info;
+};
+__device__ __forceinline__ unsigned pack(int slot, int rank, int dep) { return slot | (rank << 11) | (dep << 22); }
+__device__ __forceinline__ int e_slot(unsigned i) { return i & 2047; }
+__device__ __forceinline__ int e_rank(unsigned i) { return (i >> 11) & 2047; }
+__device__ __forceinline__ int e_dep(unsigned i) { return i >> 22; }
+
+__device__ __forceinline__ Entry shfl_entry(Entry e, int src) {
+    return Entry{__shfl_sync(FULL, e.key, src), __shfl_sync(FULL, e.info, src)};
+}
+
+// Field-wise select (keeps entries in registers; a struct-valued ?: can go to local memory).
+__device__ __forceinline__ Entry pick(bool c, Entry a, Entry b) {
+    return Entry{c ? a.key : b.key, c ? a.info : b.info};
+}
+
+// The heap's order: larger key first, then the smaller rank tuple.
+__device__ __forceinline__ bool before(Entry a, Entry b, const int* par, const int* rnk, const int* dep) {
+    if (a.key != b.key) return a.key > b.key;
+    return a.key != 0 && lex_less(e_slot(a.info), e_rank(a.info), e_slot(b.info), e_rank(b.info), par, rnk, dep);
+}
+
+// Warp-wide best entry (every lane gets it; key 0 if all are empty). The common case is one
+// redux.sync on the high word; equal high words take a second one on the low word, and exact
+// score ties compare rank tuples through a shared-memory scratch, outside any collective.
+__device__ __forceinline__ Entry warp_best(Entry e, unsigned* scratch, const int* par, const int* rnk, const int* dep) {
+    const int lane = threadIdx.x & 31;
+    const unsigned hi = (unsigned)(e.key >> 32);
+    const unsigned mhi = __reduce_max_sync(FULL, hi);
+    unsigned ties = __ballot_sync(FULL, hi == mhi);
+    if (__popc(ties) > 1) {
+        const unsigned lo = (unsigned)e.key;
+        const unsigned mlo = __reduce_max_sync(FULL, hi == mhi ? lo : 0u);
+        ties = __ballot_sync(FULL, hi == mhi && lo == mlo);
+    }
+    int best = __ffs(ties) - 1;
+    if (__popc(ties) > 1 && mhi != 0u) {
+        scratch[lane] = e.info;
+        __syncwarp();
+        for (unsigned t = ties & (ties - 1); t; t &= t - 1) {
+            const int l = __ffs(t) - 1;
+            const unsigned a = scratch[l], b = scratch[best];
+            if (lex_less(e_slot(a), e_rank(a), e_slot(b), e_rank(b), par, rnk, dep)) best = l;
+        }
+        __syncwarp();
+    }
+    return shfl_entry(e, best);
+}
+
+// Slot i as a frontier entry, with the two slots this pop changed (es = slot s, en = the new
+// slot n) taken from registers rather than shared memory.
+__device__ __forceinline__ Entry scan_slot(int i, int s, Entry es, Entry en, int n, int budget,
+                                           const unsigned long long* slot_key, const unsigned* slot_info) {
+    const bool live = i != s && i < n && i < budget;
+    Entry e{live ? slot_key[i] : 0ull, live ? slot_info[i] : 0u};
+    e = pick(i == s, es, e);
+    return pick(i == n, en, e);
+}
+
+// Shared memory (dynamic): slot_key[budget] u64 | slot_info[budget] u32 | node parent, rank,
+// depth [budget + 1] int | (pad to 16 B) lp[L*K] float. One warp per block: the heap's collectives are then
+// provably convergent, so ptxas emits plain REDUX/VOTE/SHFL (no WARPSYNC.COLLECTIVE loops).
+extern "C" __global__ void __launch_bounds__(32) build_tree(
     const float* __restrict__ logprobs, const TOKEN_T* __restrict__ tokens,
     const TOKEN_T* __restrict__ root_tokens, int has_root, int L, int K, int budget,
     int* __restrict__ out_tokens, int* __restrict__ out_parents, int* __restrict__ out_depth,
     int* __restrict__ out_num, unsigned long long* __restrict__ out_vis) {
     extern __shared__ __align__(16) unsigned char smem[];
+    __shared__ unsigned scratch[3][32];
     const int b = blockIdx.x, N = budget + 1, W = (N + 63) >> 6, LK = L * K;
-    const int tid = threadIdx.x, lane = tid & 31;
-    double* slot_w = (double*)smem;
-    int* slot_r = (int*)(slot_w + budget);
-    int* par = slot_r + budget;
+    const int lane = threadIdx.x;
+    unsigned long long* slot_key = (unsigned long long*)smem;
+    unsigned* slot_info = (unsigned*)(slot_key + budget);
+    int* par = (int*)(slot_info + budget);
     int* rnk = par + N;
     int* dep = rnk + N;
-    float* lp = (float*)(dep + N);
-    __shared__ int num_nodes;
+    float* lp = (float*)(((size_t)(dep + N) + 15) & ~(size_t)15);  // 16-byte aligned for float4
 
     const float* lpb = logprobs + (long long)b * LK;
-    for (int i = tid; i < LK; i += blockDim.x) lp[i] = lpb[i];
-    if (tid == 0) { par[0] = -1; rnk[0] = -1; dep[0] = 0; }
-    __syncthreads();
-
-    if (tid < 32) {
-        // Lane g: best entry of slot group g (slots 32g .. 32g+31).
-        unsigned long long gkey = 0;
-        int gslot = -1, grank = 0;
-        if (lane == 0) {
-            const double w0 = 0.0 + (double)lp[0];
-            slot_w[0] = w0; slot_r[0] = 0;
-            gkey = score_key(w0); gslot = 0;
-        }
-        int cnt = 1;
-        __syncwarp();
-        while (cnt <= budget) {
-            const int wl = warp_best(gkey, gslot, grank, par, rnk, dep);
-            if (wl < 0) break;  // the heap ran dry: fewer prefixes than the budget
-            const int s = __shfl_sync(FULL, gslot, wl);
-            const int r = slot_r[s], d = dep[s];
-            const double w = slot_w[s];
-            const int n = cnt++;
-            // Next sibling of the popped child, and the popped child's own first child.
-            const bool s_ok = r + 1 < K;
-            const double ws = s_ok ? (w - (double)lp[d * K + r]) + (double)lp[d * K + r + 1] : 0.0;
-            const bool has_slot_n = n < budget;
-            const bool n_ok = has_slot_n && d + 1 < L;
-            const double wn = n_ok ? w + (double)lp[(d + 1) * K] : 0.0;
-            // Re-scan the one or two groups that changed, reading the new values from
-            // registers (lane 0 publishes them to shared memory below).
-            const int g1 = s >> 5, g2 = has_slot_n ? n >> 5 : g1;
-            unsigned long long k1 = 0, k2 = 0;
-            int r1 = 0, r2 = 0;
-            {
-                const int i = (g1 << 5) + lane;
-                if (i == s) { k1 = s_ok ? score_key(ws) : 0; r1 = r + 1; }
-                else if (i == n) { k1 = n_ok ? score_key(wn) : 0; r1 = 0; }
-                else if (i < n && i < budget && slot_r[i] < K) { k1 = score_key(slot_w[i]); r1 = slot_r[i]; }
-            }
-            {
-                const int i = (g2 << 5) + lane;
-                if (i == s) { k2 = s_ok ? score_key(ws) : 0; r2 = r + 1; }
-                else if (i == n) { k2 = n_ok ? score_key(wn) : 0; r2 = 0; }
-                else if (i < n && i < budget && slot_r[i] < K) { k2 = score_key(slot_w[i]); r2 = slot_r[i]; }
-            }
-            __syncwarp();  // every lane has read slot s before lane 0 rewrites it
-            if (lane == 0) {
-                par[n] = s; rnk[n] = r; dep[n] = d + 1;
-                slot_r[s] = s_ok ? r + 1 : K; slot_w[s] = ws;
-                if (has_slot_n) { slot_r[n] = n_ok ? 0 : K; slot_w[n] = wn; }
-            }
-            __syncwarp();  // node n's parent/rank/depth are visible to the tie-break walks
-            const int b1 = warp_best(k1, (g1 << 5) + lane, r1, par, rnk, dep);
-            const int b2 = warp_best(k2, (g2 << 5) + lane, r2, par, rnk, dep);
-            const unsigned long long bk1 = __shfl_sync(FULL, k1, b1 < 0 ? 0 : b1);
-            const unsigned long long bk2 = __shfl_sync(FULL, k2, b2 < 0 ? 0 : b2);
-            const int br1 = __shfl_sync(FULL, r1, b1 < 0 ? 0 : b1);
-            const int br2 = __shfl_sync(FULL, r2, b2 < 0 ? 0 : b2);
-            if (lane == g1) { gkey = b1 < 0 ? 0 : bk1; gslot = (g1 << 5) + b1; grank = br1; }
-            if (lane == g2) { gkey = b2 < 0 ? 0 : bk2; gslot = (g2 << 5) + b2; grank = br2; }
-        }
-        if (lane == 0) num_nodes = cnt;
+    if ((LK & 3) == 0 && ((size_t)lp & 15) == 0) {
+        const float4* src = (const float4*)lpb;
+        float4* dst = (float4*)lp;
+#pragma unroll 8
+        for (int i = lane; i < (LK >> 2); i += 32) dst[i] = __ldg(src + i);
+    } else {
+        for (int i = lane; i < LK; i += 32) lp[i] = __ldg(lpb + i);
     }
-    __syncthreads();
+    const Entry empty{0ull, 0u};
+    // The root is node 0; its first child sits in slot 0.
+    Entry best{score_key(0.0 + (double)__ldg(lpb)), pack(0, 0, 0)};
+    Entry mine = pick(lane == 0, best, empty);  // lane g: best entry of slot group g (slots 32g..32g+31)
+    if (lane == 0) { par[0] = -1; rnk[0] = -1; dep[0] = 0; slot_key[0] = best.key; slot_info[0] = best.info; }
+    __syncwarp();
 
-    const int num = num_nodes;
+    int cnt = 1;
+    while (cnt <= budget && best.key != 0ull) {
+        const int s = e_slot(best.info), r = e_rank(best.info), d = e_dep(best.info), n = cnt++;
+        const double w = key_score(best.key);
+        // The popped child becomes node n. Its slot s moves on to the next sibling; node n
+        // opens its own slot with its first child.
+        const Entry es{r + 1 < K ? score_key((w - (double)lp[d * K + r]) + (double)lp[d * K + r + 1]) : 0ull,
+                       pack(s, r + 1, d)};
+        const bool has_slot_n = n < budget;
+        const Entry en{has_slot_n && d + 1 < L ? score_key(w + (double)lp[(d + 1) * K]) : 0ull, pack(n, 0, d + 1)};
+        if (lane == 0) {
+            par[n] = s; rnk[n] = r; dep[n] = d + 1;
+            slot_key[s] = es.key; slot_info[s] = es.info;
+            if (has_slot_n) { slot_key[n] = en.key; slot_info[n] = en.info; }
+        }
+        __syncwarp();
+        // Re-scan the one or two slot groups that changed; the other groups' bests stand.
+        const int g1 = s >> 5, g2 = has_slot_n ? n >> 5 : g1;
+        const Entry rest = warp_best(pick(lane == g1 || lane == g2, empty, mine), scratch[0], par, rnk, dep);
+        const Entry b1 = warp_best(scan_slot((g1 << 5) + lane, s, es, en, n, budget, slot_key, slot_info), scratch[1], par, rnk, dep);
+        const Entry b2 = warp_best(scan_slot((g2 << 5) + lane, s, es, en, n, budget, slot_key, slot_info), scratch[2], par, rnk, dep);
+        mine = pick(lane == g1, b1, mine);
+        mine = pick(lane == g2, b2, mine);
+        best = pick(before(b1, rest, par, rnk, dep), b1, rest);
+        best = pick(before(b2, best, par, rnk, dep), b2, best);
+    }
+    const int num = cnt;
+    __syncwarp();
+
     const long long row = (long long)b * N;
-    for (int i = tid; i < N; i += blockDim.x) {
+    for (int i = lane; i < N; i += 32) {
         int tok = -1, p = -1, dd = -1;
         if (i == 0) { tok = has_root ? (int)root_tokens[b] : -1; dd = 0; }
         else if (i < num) {
@@ -181,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(256) build_tree(
         }
         for (; w >= 0; --w) { v[w] = acc; acc = 0; }
     }
-    if (tid == 0) out_num[b] = num;
+    if (lane == 0) out_num[b] = num;
 }
 
 // Greedy acceptance: from the root, move to the first child (lowest node index) whose token

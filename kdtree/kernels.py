@@ -143,16 +143,24 @@ def get_kernel(name: str, kernel: str, defines: dict | None = None, *,
     """The ``cupy.RawKernel`` ``kernel`` of ``cuda/<name>.cu`` specialised by ``defines``.
 
     Compiled once per (inlined source, options, compiler, device capability) and cached for
-    the process; CuPy also keeps compiled NVRTC modules on disk.
+    the process (a launch pays a dictionary look-up); CuPy also keeps NVRTC modules on disk.
     """
+    if device is None:
+        import torch
+
+        device = torch.cuda.current_device()
+    return _kernel(name, kernel, define_options(defines), compiler, device)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, kernel: str, options: tuple[str, ...], compiler: str, device: int):
     import cupy
 
-    with cupy.cuda.Device(device if device is not None else cupy.cuda.Device().id) as dev:
+    with cupy.cuda.Device(device) as dev:
         major, minor = dev.compute_capability[:-1], dev.compute_capability[-1]
         arch = f"sm_{major}{minor}" + ("a" if compiler == "nvcc" and major == "9" else "")
         src_key = hashlib.sha256(read_source(name).encode()).hexdigest()
-        mod = _module(name, define_options(defines), compiler, arch, src_key)
-        return mod.get_function(kernel)
+        return _module(name, options, compiler, arch, src_key).get_function(kernel)
 
 
 def ptr(t) -> np.uint64:
@@ -168,10 +176,11 @@ def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None) -> None:
     import cupy
     import torch
 
-    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    idx = torch.cuda.current_device() if device is None else torch.device(device).index
+    if idx is None:
+        idx = torch.cuda.current_device()
     with cupy.cuda.Device(idx):
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(idx).cuda_stream, idx)
+        stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(idx))
         if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
             fn.max_dynamic_shared_size_bytes = shared_mem
         fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)

@@ -310,7 +310,7 @@ _CT = {torch.int32: "int", torch.int64: "long long"}
 
 
 def _build_smem(L: int, K: int, budget: int) -> int:
-    return budget * 12 + (budget + 1) * 12 + L * K * 4
+    return budget * 12 + (budget + 1) * 12 + 16 + L * K * 4  # layout in cuda/tree.cu; 16 aligns lp
 
 
 def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
@@ -354,7 +354,7 @@ def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
     if root_tokens is not None and root_tokens.dtype != tokens.dtype:
         root_tokens = root_tokens.to(tokens.dtype)
     fn = kernels.get_kernel("tree", "build_tree", {"TOKEN_T": _CT[tokens.dtype]}, device=dev.index)
-    kernels.launch(fn, (B,), (256,),
+    kernels.launch(fn, (B,), (32,),  # one warp per sequence: see cuda/tree.cu
                    (kernels.ptr(logprobs), kernels.ptr(tokens),
                     kernels.ptr(root_tokens if root_tokens is not None else tokens),
                     np.int32(root_tokens is not None), np.int32(L), np.int32(K), np.int32(budget),
