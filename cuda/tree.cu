@@ -168,12 +168,8 @@ extern "C" __global__ void __launch_bounds__(32) build_tree(
                        pack(s, r + 1, d)};
         const bool has_slot_n = n < budget;
         const Entry en{has_slot_n && d + 1 < L ? score_key(w + (double)lp[(d + 1) * K]) : 0ull, pack(n, 0, d + 1)};
-        if (lane == 0) {
-            par[n] = s; rnk[n] = r; dep[n] = d + 1;
-            slot_key[s] = es.key; slot_info[s] = es.info;
-            if (has_slot_n) { slot_key[n] = en.key; slot_info[n] = en.info; }
-        }
-        __syncwarp();
+        if (lane == 0) { par[n] = s; rnk[n] = r; dep[n] = d + 1; }
+        __syncwarp();  // node n is visible to the tie-break walks below
         // Re-scan the one or two slot groups that changed; the other groups' bests stand.
         const int g1 = s >> 5, g2 = has_slot_n ? n >> 5 : g1;
         const Entry rest = warp_best(pick(lane == g1 || lane == g2, empty, mine), scratch[0], par, rnk, dep);
@@ -183,6 +179,12 @@ extern "C" __global__ void __launch_bounds__(32) build_tree(
         mine = pick(lane == g2, b2, mine);
         best = pick(before(b1, rest, par, rnk, dep), b1, rest);
         best = pick(before(b2, best, par, rnk, dep), b2, best);
+        __syncwarp();  // every lane has read the slots before lane 0 rewrites two of them
+        if (lane == 0) {
+            slot_key[s] = es.key; slot_info[s] = es.info;
+            if (has_slot_n) { slot_key[n] = en.key; slot_info[n] = en.info; }
+        }
+        __syncwarp();
     }
     const int num = cnt;
     __syncwarp();
