@@ -56,6 +56,34 @@ __device__ __forceinline__ void fused_load_rows(att_u32 dst, const att_bf16* src
   }
 }
 
+// QK fragments of k-step ks: Q rows 16 * mg .. +15 (a) and K rows (tokens) 32 * ng .. +31 as
+// four n8 tiles (b[2 nt], b[2 nt + 1] for tile nt).
+__device__ __forceinline__ void fused_qk_frags(att_u32 sQ, att_u32 sK, int ks, int mg, int ng, int lane,
+                                               att_u32* a, att_u32* b) {
+  att_ldmatrix_x4(sQ + att_swz(16 * mg + (lane & 15), 2 * ks + (lane >> 4), QK_CHUNKS), a[0], a[1], a[2], a[3]);
+#pragma unroll
+  for (int pp = 0; pp < 2; ++pp) {
+    const int tok = 32 * ng + 16 * pp + 8 * (lane >> 4) + (lane & 7);
+    att_ldmatrix_x4(sK + att_swz(tok, 2 * ks + ((lane >> 3) & 1), QK_CHUNKS), b[4 * pp], b[4 * pp + 1],
+                    b[4 * pp + 2], b[4 * pp + 3]);
+  }
+}
+
+// PV A fragments of k-step ks: P rows 16 * mt .. +15, tokens 16 * ks .. +15 (a[4 mt .. 4 mt + 3]).
+__device__ __forceinline__ void fused_pv_a(att_u32 sP, int ks, int lane, att_u32* a) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+    att_ldmatrix_x4(sP + att_swz(16 * mt + (lane & 15), 2 * ks + (lane >> 4), P_CHUNKS), a[4 * mt], a[4 * mt + 1],
+                    a[4 * mt + 2], a[4 * mt + 3]);
+}
+
+// PV B fragments (V, transposed on load): tokens 16 * ks .. +15, value columns
+// 64 * warp + 16 * pp .. +15 as two n8 tiles (b[0], b[1] and b[2], b[3]).
+__device__ __forceinline__ void fused_pv_b(att_u32 sK, int ks, int pp, int warp, int lane, att_u32* b) {
+  const int tok = 16 * ks + 8 * ((lane >> 3) & 1) + (lane & 7);
+  att_ldmatrix_x4_trans(sK + att_swz(tok, 8 * warp + 2 * pp + (lane >> 4), QK_CHUNKS), b[0], b[1], b[2], b[3]);
+}
+
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1)
 verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
              const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
@@ -115,25 +143,22 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
       att_cp_async_commit();
     }
 
-    // S = Q K^T for rows r_lo/r_hi x columns 32 * ng .. +31 (four n8 tiles).
+    // S = Q K^T for rows r_lo/r_hi x columns 32 * ng .. +31 (four n8 tiles). The fragments of
+    // k-step ks + 1 are loaded before the mma of step ks (two register sets), so ldmatrix
+    // latency overlaps tensor-core work.
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+    att_u32 qa[2][4], kb[2][8];
+    fused_qk_frags(sQ, sK, 0, mg, ng, lane, qa[0], kb[0]);
 #pragma unroll
     for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
-      att_u32 a[4];
-      att_ldmatrix_x4(sQ + att_swz(16 * mg + (lane & 15), 2 * ks + (lane >> 4), QK_CHUNKS), a[0], a[1], a[2],
-                      a[3]);
+      const int cur = ks & 1;
+      if (ks + 1 < ATT_D_QK / 16) fused_qk_frags(sQ, sK, ks + 1, mg, ng, lane, qa[cur ^ 1], kb[cur ^ 1]);
 #pragma unroll
-      for (int pp = 0; pp < 2; ++pp) {
-        att_u32 b0, b1, b2, b3;
-        const int tok = 32 * ng + 16 * pp + 8 * (lane >> 4) + (lane & 7);
-        att_ldmatrix_x4(sK + att_swz(tok, 2 * ks + ((lane >> 3) & 1), QK_CHUNKS), b0, b1, b2, b3);
-        att_mma_bf16(s[2 * pp], a, b0, b1);
-        att_mma_bf16(s[2 * pp + 1], a, b2, b3);
-      }
+      for (int nt = 0; nt < 4; ++nt) att_mma_bf16(s[nt], qa[cur], kb[cur][2 * nt], kb[cur][2 * nt + 1]);
     }
 
     // Scale, mask (only tiles that reach the tree rows or the range end), row max.
@@ -205,23 +230,22 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
         o[mt][nt][3] *= a1;
       }
     }
+    // 16 steps i = (k-step ks = i / 4, column pair pp = i % 4), fragments one step ahead: P for
+    // k-step ks + 1 during the last step of ks, V for step i + 1 during step i.
+    att_u32 pa[2][16], vb[2][4];
+    fused_pv_a(sP, 0, lane, pa[0]);
+    fused_pv_b(sK, 0, 0, warp, lane, vb[0]);
 #pragma unroll
-    for (int ks = 0; ks < FUSED_BN / 16; ++ks) {
-      att_u32 a[4][4];
+    for (int i = 0; i < 4 * (FUSED_BN / 16); ++i) {
+      const int ks = i >> 2, pp = i & 3;
+      if (i + 1 < 4 * (FUSED_BN / 16)) {
+        if (((i + 1) & 3) == 0) fused_pv_a(sP, (i + 1) >> 2, lane, pa[((i + 1) >> 2) & 1]);
+        fused_pv_b(sK, (i + 1) >> 2, (i + 1) & 3, warp, lane, vb[(i + 1) & 1]);
+      }
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-        att_ldmatrix_x4(sP + att_swz(16 * mt + (lane & 15), 2 * ks + (lane >> 4), P_CHUNKS), a[mt][0], a[mt][1],
-                        a[mt][2], a[mt][3]);
-#pragma unroll
-      for (int pp = 0; pp < 4; ++pp) {
-        att_u32 b0, b1, b2, b3;
-        const int tok = 16 * ks + 8 * ((lane >> 3) & 1) + (lane & 7);
-        att_ldmatrix_x4_trans(sK + att_swz(tok, 8 * warp + 2 * pp + (lane >> 4), QK_CHUNKS), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          att_mma_bf16(o[mt][2 * pp], a[mt], b0, b1);
-          att_mma_bf16(o[mt][2 * pp + 1], a[mt], b2, b3);
-        }
+      for (int mt = 0; mt < 4; ++mt) {
+        att_mma_bf16(o[mt][2 * pp], &pa[ks & 1][4 * mt], vb[i & 1][0], vb[i & 1][1]);
+        att_mma_bf16(o[mt][2 * pp + 1], &pa[ks & 1][4 * mt], vb[i & 1][2], vb[i & 1][3]);
       }
     }
   }

@@ -13,8 +13,8 @@ Variants (all selectable by name, see ``verify_attention``):
   cores, the ancestor mask applied in the same pass, long prefixes split across SMs and merged.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 
-``python -m kdtree.attention --selfcheck`` runs every CUDA variant on small cases against the
-float64 reference (used under compute-sanitizer by the GPU tests).
+``selfcheck()`` runs every CUDA variant on small cases against the float64 reference
+(``tests/sanitize_attention.py`` runs it under compute-sanitizer for the GPU tests).
 """
 from __future__ import annotations
 
@@ -143,6 +143,18 @@ def _torch_variant(q, kv, prefix_lens, tree, scale):
 
 
 @functools.lru_cache(maxsize=None)
+def _kernel(name: str, index: int):
+    """The compiled kernel, looked up once per process and device (keeps eager launches cheap)."""
+    from kdtree.kernels import get_kernel
+
+    return get_kernel(_SRC, name, device=index)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
 def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -163,10 +175,10 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int) -> int:
 
 
 def _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode, scale_log2):
-    from kdtree.kernels import get_kernel, launch, ptr
+    from kdtree.kernels import launch, ptr
 
     B, N, H, _ = q.shape
-    fn = get_kernel(_SRC, "verify_fused")
+    fn = _kernel("verify_fused", _index(q.device))
     grid = (-(-(N * H) // _FUSED_BM), splits, B)
     null = np.uint64(0)
     args = (ptr(q), ptr(kv), ptr(pl), ptr(vis), ptr(out), ptr(lse),
@@ -177,17 +189,17 @@ def _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mod
 
 
 def _launch_combine(o_part, lse_part, out, lse):
-    from kdtree.kernels import get_kernel, launch, ptr
+    from kdtree.kernels import launch, ptr
 
     slots, B, NH, _ = o_part.shape
-    fn = get_kernel(_SRC, "verify_combine")
+    fn = _kernel("verify_combine", _index(out.device))
     launch(fn, (NH, B), (D_V // 4,), (ptr(o_part), ptr(lse_part), ptr(out), ptr(lse), np.int32(B),
                                         np.int32(NH), np.int32(slots)), device=out.device)
 
 
 def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None):
     """Launch a CUDA variant into ``out``/``lse``; ``splits`` overrides the KV split heuristic."""
-    from kdtree.kernels import get_kernel, launch, ptr
+    from kdtree.kernels import launch, ptr
 
     B, N, H, _ = q.shape
     S = kv.shape[1]
@@ -195,13 +207,13 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None):
     vis = tree.visibility
     scale_log2 = scale * _LOG2E
     if variant == "naive":
-        fn = get_kernel(_SRC, "verify_naive")
+        fn = _kernel("verify_naive", _index(q.device))
         launch(fn, (H, N, B), (256,), (ptr(q), ptr(kv), ptr(pl), ptr(vis), ptr(out), ptr(lse), np.int32(B),
                                        np.int32(S), np.int32(N), np.int32(H), np.int32(vis.shape[2]),
                                        np.float32(scale_log2)), device=q.device)
         return
     blocks = -(-(N * H) // _FUSED_BM) * B
-    sms = _num_sms(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    sms = _num_sms(_index(q.device))
     if variant == "fused":
         s = splits or choose_splits(blocks, S, sms)
         if s == 1:
@@ -313,7 +325,8 @@ def errors(out, lse, ref_out, ref_lse):
     return rel, lse_err, same_inf
 
 
-def _selfcheck(variants) -> bool:
+def selfcheck(variants=CUDA_VARIANTS) -> bool:
+    """Run CUDA variants (forced split counts too) on small cases vs float64; print, return ok."""
     gen = torch.Generator().manual_seed(1)
     cases = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),  # 2 mask words, empty prefix, padding rows
              (1, 9, 16, [300], None)]
@@ -335,15 +348,3 @@ def _selfcheck(variants) -> bool:
                       f"{'ok' if good else 'FAIL'}")
     return ok
 
-
-if __name__ == "__main__":
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--selfcheck", action="store_true", help="run the CUDA variants on small cases")
-    ap.add_argument("--variants", default=",".join(CUDA_VARIANTS))
-    a = ap.parse_args()
-    if not a.selfcheck:
-        ap.error("nothing to do (use --selfcheck)")
-    sys.exit(0 if _selfcheck(a.variants.split(",")) else 1)

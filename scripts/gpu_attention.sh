@@ -10,4 +10,4 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,te
   --format=csv 2>&1 | tee "$OUT/smi.txt"
 timeout 200 python3 -m pytest -q -m gpu -k "not sanitizer" tests/test_attention.py 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
 timeout 260 python3 -m kdtree.bench.attention_bench --out "$OUT/verify_attention_h200" 2>&1 | tee "$OUT/bench.log"
-timeout 200 python3 -m pytest -q -m gpu -k sanitizer -s tests/test_attention.py 2>&1 | grep -E "ERROR SUMMARY|passed|failed|Error|error" | tee "$OUT/sanitizer.log"
+timeout 200 python3 -m pytest -q -m gpu -k sanitizer -s tests/test_attention.py 2>&1 | grep -E "SUMMARY|passed|failed|Error|error|ok$|FAIL" | tee "$OUT/sanitizer.log"
