@@ -57,12 +57,9 @@ __device__ __forceinline__ void att_cp_async16(att_u32 dst, const void* src, int
 __device__ __forceinline__ void att_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void att_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-// Byte offset of 16-byte chunk c of row r in a tile whose rows hold `chunks` chunks
-// (a multiple of 8). The chunk index is XOR-swizzled with the row's low 3 bits, so the 8 rows
-// that one ldmatrix 8x8 matrix reads fall in 8 different bank groups.
-__device__ __forceinline__ att_u32 att_swz(int r, int c, int chunks) {
-  return (att_u32)((r * chunks + (c ^ (r & 7))) * 16);
-}
+// Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async) before later
+// async-proxy reads (wgmma operands); goes before the barrier that publishes them.
+__device__ __forceinline__ void att_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void att_ldmatrix_x4(att_u32 addr, att_u32& r0, att_u32& r1, att_u32& r2,
                                                 att_u32& r3) {

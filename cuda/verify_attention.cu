@@ -15,56 +15,25 @@
 //                   ancestor mask on the tree rows in the same pass. Writes out/lse directly,
 //                   or per-split partials (o normalised, fp32; lse in log2) for verify_combine.
 //                   `mode` restricts the KV range (1: prefix only, 2: tree only) for the cascade.
+//                   verify_attention_wgmma.cu holds the same kernel on wgmma (sm_90a).
 //   verify_combine  lse-merges `slots` partials into out/lse.
 #include "attention_common.cuh"
+#include "attention_tile.cuh"
 
-#ifndef FUSED_BM
-#define FUSED_BM 64   // (query, head) rows per block
-#endif
-#ifndef FUSED_BN
-#define FUSED_BN 64   // KV rows per pipeline stage
-#endif
-#define FUSED_THREADS 256
-#define QK_CHUNKS (ATT_D_QK / 8)  // 16-byte chunks per q / kv row
-#define P_CHUNKS (FUSED_BN / 8)   // 16-byte chunks per row of the probability tile
-
-// The warp layout below is written for 64 x 64 tiles and 8 warps: for S = Q K^T warp w owns
-// rows 16 * (w / 2) .. +15 and KV columns 32 * (w % 2) .. +31; for O += P V it owns all 64 rows
-// and value columns 64 * w .. +63.
-static_assert(FUSED_BM == 64 && FUSED_BN == 64, "verify_fused's warp layout assumes 64 x 64 tiles");
+// verify_fused's warp layout: for S = Q K^T warp w owns rows 16 * (w / 2) .. +15 and KV
+// columns 32 * (w % 2) .. +31; for O += P V it owns all 64 rows and value columns 64 * w .. +63.
+static_assert(FUSED_BM == 64 && FUSED_BN == 64 && FUSED_THREADS == 256, "verify_fused: 8 warps, 64 x 64 tiles");
 static_assert(ATT_D_V == 8 * 64, "verify_fused: 8 warps x 64 value columns");
-static_assert(ATT_D_QK % 16 == 0 && QK_CHUNKS % 8 == 0, "swizzle needs rows of 8k chunks");
-
-// Shared memory (bytes): Q tile, two KV stages, P tile, [2][BM] partial row stats, [BM] alpha.
-#define FUSED_SMEM_Q (FUSED_BM * ATT_D_QK * 2)
-#define FUSED_SMEM_KV (FUSED_BN * ATT_D_QK * 2)
-#define FUSED_SMEM_P (FUSED_BM * FUSED_BN * 2)
-#define FUSED_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 3 * FUSED_BM * 4)
-
-// Copy rows [row0, row0 + rows) of a [*, 576] bf16 matrix into a swizzled smem tile; rows at
-// or past `valid` are zero-filled (nothing is read for them).
-template <int ROWS>
-__device__ __forceinline__ void fused_load_rows(att_u32 dst, const att_bf16* src, int valid, int tid) {
-  static_assert((ROWS * QK_CHUNKS) % FUSED_THREADS == 0, "whole chunks per thread");
-#pragma unroll
-  for (int k = 0; k < ROWS * QK_CHUNKS / FUSED_THREADS; ++k) {
-    const int i = tid + k * FUSED_THREADS;
-    const int r = i / QK_CHUNKS, c = i - r * QK_CHUNKS;
-    const bool ok = r < valid;
-    att_cp_async16(dst + att_swz(r, c, QK_CHUNKS), ok ? src + (size_t)r * ATT_D_QK + c * 8 : src,
-                   ok ? 16 : 0);
-  }
-}
 
 // QK fragments of k-step ks: Q rows 16 * mg .. +15 (a) and K rows (tokens) 32 * ng .. +31 as
 // four n8 tiles (b[2 nt], b[2 nt + 1] for tile nt).
 __device__ __forceinline__ void fused_qk_frags(att_u32 sQ, att_u32 sK, int ks, int mg, int ng, int lane,
                                                att_u32* a, att_u32* b) {
-  att_ldmatrix_x4(sQ + att_swz(16 * mg + (lane & 15), 2 * ks + (lane >> 4), QK_CHUNKS), a[0], a[1], a[2], a[3]);
+  att_ldmatrix_x4(sQ + fused_off(16 * mg + (lane & 15), 2 * ks + (lane >> 4), FUSED_BM), a[0], a[1], a[2], a[3]);
 #pragma unroll
   for (int pp = 0; pp < 2; ++pp) {
     const int tok = 32 * ng + 16 * pp + 8 * (lane >> 4) + (lane & 7);
-    att_ldmatrix_x4(sK + att_swz(tok, 2 * ks + ((lane >> 3) & 1), QK_CHUNKS), b[4 * pp], b[4 * pp + 1],
+    att_ldmatrix_x4(sK + fused_off(tok, 2 * ks + ((lane >> 3) & 1), FUSED_BN), b[4 * pp], b[4 * pp + 1],
                     b[4 * pp + 2], b[4 * pp + 3]);
   }
 }
@@ -73,15 +42,15 @@ __device__ __forceinline__ void fused_qk_frags(att_u32 sQ, att_u32 sK, int ks, i
 __device__ __forceinline__ void fused_pv_a(att_u32 sP, int ks, int lane, att_u32* a) {
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt)
-    att_ldmatrix_x4(sP + att_swz(16 * mt + (lane & 15), 2 * ks + (lane >> 4), P_CHUNKS), a[4 * mt], a[4 * mt + 1],
-                    a[4 * mt + 2], a[4 * mt + 3]);
+    att_ldmatrix_x4(sP + fused_off(16 * mt + (lane & 15), 2 * ks + (lane >> 4), FUSED_BM), a[4 * mt],
+                    a[4 * mt + 1], a[4 * mt + 2], a[4 * mt + 3]);
 }
 
 // PV B fragments (V, transposed on load): tokens 16 * ks .. +15, value columns
 // 64 * warp + 16 * pp .. +15 as two n8 tiles (b[0], b[1] and b[2], b[3]).
 __device__ __forceinline__ void fused_pv_b(att_u32 sK, int ks, int pp, int warp, int lane, att_u32* b) {
   const int tok = 16 * ks + 8 * ((lane >> 3) & 1) + (lane & 7);
-  att_ldmatrix_x4_trans(sK + att_swz(tok, 8 * warp + 2 * pp + (lane >> 4), QK_CHUNKS), b[0], b[1], b[2], b[3]);
+  att_ldmatrix_x4_trans(sK + fused_off(tok, 8 * warp + 2 * pp + (lane >> 4), FUSED_BN), b[0], b[1], b[2], b[3]);
 }
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1)
@@ -90,7 +59,8 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
              att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
              float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
              int mode, float scale_log2) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = fused_smem_base(smem_raw);
   float* sRed = reinterpret_cast<float*>(smem + FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P);
   float* sAlpha = sRed + 2 * FUSED_BM;
   const att_u32 sQ = att_smem_addr(smem);
@@ -100,21 +70,13 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;
   const int mg = warp >> 1, ng = warp & 1;  // S = Q K^T: row group, column group
-  const int b = blockIdx.z, split = blockIdx.y;
-  const int NH = N * H, g0 = blockIdx.x * FUSED_BM;
-
-  const int p = att_prefix(prefix_lens, b, N, S);
-  int lo, hi;
-  att_kv_range(mode, p, N, lo, hi);
-  const int n_tiles = (hi - lo + FUSED_BN - 1) / FUSED_BN;
-  const int per_split = (n_tiles + splits - 1) / splits;
-  const int kt0 = split * per_split, kt1 = min(n_tiles, kt0 + per_split);
-  const att_bf16* kvb = kv + (size_t)b * S * ATT_D_QK;
+  const FusedBlock k = fused_block(prefix_lens, S, N, H, splits, mode);
+  const att_bf16* kvb = kv + (size_t)k.b * S * ATT_D_QK;
 
   // This thread's two softmax rows (r_lo, r_hi = r_lo + 8) and their visibility rows.
   const int r_lo = 16 * mg + gid, r_hi = r_lo + 8;
-  const long long* v_lo = vis + ((size_t)b * N + min((g0 + r_lo) / H, N - 1)) * W;
-  const long long* v_hi = vis + ((size_t)b * N + min((g0 + r_hi) / H, N - 1)) * W;
+  const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
+  const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
 
   float o[4][8][4];
 #pragma unroll
@@ -125,27 +87,26 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
       for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
   float m_lo = ATT_NEG_INF, m_hi = ATT_NEG_INF, l_lo = 0.f, l_hi = 0.f;
 
-  if (kt0 < kt1) {
-    fused_load_rows<FUSED_BM>(sQ, q + ((size_t)b * NH + g0) * ATT_D_QK, NH - g0, tid);
-    const int t0 = lo + kt0 * FUSED_BN;
-    fused_load_rows<FUSED_BN>(sKV, kvb + (size_t)t0 * ATT_D_QK, hi - t0, tid);
+  if (k.kt0 < k.kt1) {
+    fused_load_rows<FUSED_BM>(sQ, q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK, k.NH - k.g0, tid);
+    const int t0 = k.lo + k.kt0 * FUSED_BN;
+    fused_load_rows<FUSED_BN>(sKV, kvb + (size_t)t0 * ATT_D_QK, k.hi - t0, tid);
     att_cp_async_commit();
   }
 
-  for (int kt = kt0; kt < kt1; ++kt) {
-    const att_u32 sK = sKV + ((kt - kt0) & 1) * FUSED_SMEM_KV;
+  for (int kt = k.kt0; kt < k.kt1; ++kt) {
+    const att_u32 sK = sKV + ((kt - k.kt0) & 1) * FUSED_SMEM_KV;
     att_cp_async_wait_all();
     __syncthreads();  // tile kt landed; every warp is done with tile kt - 1 (its stage, P, alpha)
-    if (kt + 1 < kt1) {
-      const int t1 = lo + (kt + 1) * FUSED_BN;
-      fused_load_rows<FUSED_BN>(sKV + ((kt + 1 - kt0) & 1) * FUSED_SMEM_KV,
-                                kvb + (size_t)t1 * ATT_D_QK, hi - t1, tid);
+    if (kt + 1 < k.kt1) {
+      const int t1 = k.lo + (kt + 1) * FUSED_BN;
+      fused_load_rows<FUSED_BN>(sKV + ((kt + 1 - k.kt0) & 1) * FUSED_SMEM_KV, kvb + (size_t)t1 * ATT_D_QK,
+                                k.hi - t1, tid);
       att_cp_async_commit();
     }
 
     // S = Q K^T for rows r_lo/r_hi x columns 32 * ng .. +31 (four n8 tiles). The fragments of
-    // k-step ks + 1 are loaded before the mma of step ks (two register sets), so ldmatrix
-    // latency overlaps tensor-core work.
+    // k-step ks + 1 are loaded before the mma of step ks (two register sets).
     float s[4][4];
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -161,57 +122,17 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
       for (int nt = 0; nt < 4; ++nt) att_mma_bf16(s[nt], qa[cur], kb[cur][2 * nt], kb[cur][2 * nt + 1]);
     }
 
-    // Scale, mask (only tiles that reach the tree rows or the range end), row max.
-    const int T = lo + kt * FUSED_BN;
-    const bool edge = (T + FUSED_BN > p) || (T + FUSED_BN > hi);
-    float mx_lo = ATT_NEG_INF, mx_hi = ATT_NEG_INF;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] *= scale_log2;
-        if (edge) {
-          const int t = T + 32 * ng + 8 * nt + 2 * tig + (e & 1);
-          if (t >= hi || !att_kv_visible(t, p, e < 2 ? v_lo : v_hi)) s[nt][e] = ATT_NEG_INF;
-        }
-      }
-      mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
+    float mx_lo, mx_hi;
+    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * ng, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
     if (tig == 0) {
       sRed[ng * FUSED_BM + r_lo] = mx_lo;
       sRed[ng * FUSED_BM + r_hi] = mx_hi;
     }
     __syncthreads();  // both column groups' row maxima are in sRed
 
-    // Online softmax: new running max, rescale factor, P = 2^(S - max) as bf16 into smem.
-    const float mn_lo = fmaxf(m_lo, fmaxf(sRed[r_lo], sRed[FUSED_BM + r_lo]));
-    const float mn_hi = fmaxf(m_hi, fmaxf(sRed[r_hi], sRed[FUSED_BM + r_hi]));
-    const float mu_lo = mn_lo == ATT_NEG_INF ? 0.f : mn_lo;  // a row with nothing visible yet
-    const float mu_hi = mn_hi == ATT_NEG_INF ? 0.f : mn_hi;
-    const float al_lo = att_exp2(m_lo - mu_lo), al_hi = att_exp2(m_hi - mu_hi);
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const float p0 = att_exp2(s[nt][0] - mu_lo), p1 = att_exp2(s[nt][1] - mu_lo);
-      const float p2 = att_exp2(s[nt][2] - mu_hi), p3 = att_exp2(s[nt][3] - mu_hi);
-      sum_lo += p0 + p1;
-      sum_hi += p2 + p3;
-      const int ch = 4 * ng + nt;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + att_swz(r_lo, ch, P_CHUNKS) + 4 * tig),
-                   "r"(att_pack_bf16x2(p0, p1)));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + att_swz(r_hi, ch, P_CHUNKS) + 4 * tig),
-                   "r"(att_pack_bf16x2(p2, p3)));
-    }
-    l_lo = l_lo * al_lo + sum_lo;  // per-thread partial row sums, reduced once at the end
-    l_hi = l_hi * al_hi + sum_hi;
+    float al_lo, al_hi;
+    fused_softmax_store_p(s, fmaxf(sRed[r_lo], sRed[FUSED_BM + r_lo]), fmaxf(sRed[r_hi], sRed[FUSED_BM + r_hi]),
+                          m_lo, m_hi, l_lo, l_hi, al_lo, al_hi, sP, r_lo, r_hi, ng, tig);
     if (ng == 0 && tig == 0) {
       sAlpha[r_lo] = al_lo;
       sAlpha[r_hi] = al_hi;
@@ -267,35 +188,21 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
   }
   __syncthreads();
 
-  const size_t row0 = (size_t)b * NH + g0;  // global (b, n, h) row of tile row 0
-  const size_t part0 = ((size_t)(slot0 + split) * B + b) * NH + g0;
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = 16 * mt + gid + 8 * half;
-      if (g0 + r >= NH) continue;
+      if (k.g0 + r >= k.NH) continue;
       const float l = sRed[r] + sRed[FUSED_BM + r];
       const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int col = 64 * warp + 8 * nt + 2 * tig;
-        const float x0 = o[mt][nt][2 * half] * inv, x1 = o[mt][nt][2 * half + 1] * inv;
-        if (o_part == nullptr)
-          *reinterpret_cast<att_u32*>(out + (row0 + r) * ATT_D_V + col) = att_pack_bf16x2(x0, x1);
-        else
-          *reinterpret_cast<float2*>(o_part + (part0 + r) * ATT_D_V + col) = make_float2(x0, x1);
-      }
+      for (int nt = 0; nt < 8; ++nt)
+        fused_store_pair(out, o_part, k, B, slot0, r, 64 * warp + 8 * nt + 2 * tig, o[mt][nt][2 * half] * inv,
+                         o[mt][nt][2 * half + 1] * inv);
     }
   }
-  if (tid < FUSED_BM && g0 + tid < NH) {
-    const float l = sRed[tid] + sRed[FUSED_BM + tid];
-    const float lse2 = l > 0.f ? sAlpha[tid] + att_log2(l) : ATT_NEG_INF;
-    if (o_part == nullptr)
-      lse[row0 + tid] = lse2 * ATT_LN2;
-    else
-      lse_part[part0 + tid] = lse2;
-  }
+  fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sAlpha, tid);
 }
 
 // out/lse of row g = blockIdx.x of sequence b = blockIdx.y from `slots` partials

@@ -9,8 +9,10 @@ Variants (all selectable by name, see ``verify_attention``):
 * ``naive``: one CUDA block per (sequence, query, head), re-reading the latent rows per head.
 * ``cascade``: the fused kernel over the prefix only (split across SMs), again over the tree rows
   only, then an lse merge: the two-pass scheme serving stacks use.
-* ``fused``: one pass over each latent row per tile of 64 (query, head) rows, mma.sync bf16 tensor
-  cores, the ancestor mask applied in the same pass, long prefixes split across SMs and merged.
+* ``fused``: one pass over each latent row per tile of 64 (query, head) rows on bf16 tensor cores,
+  the ancestor mask applied in the same pass, long prefixes split across SMs and merged. On
+  sm_90 with nvcc available it runs the wgmma kernel (``cuda/verify_attention_wgmma.cu``, built
+  for sm_90a); elsewhere the mma.sync kernel (``cuda/verify_attention.cu``, NVRTC).
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 
 ``selfcheck()`` runs every CUDA variant on small cases against the float64 reference
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import os
 
 import numpy as np
 import torch
@@ -35,10 +38,14 @@ VARIANTS = ("naive", "cascade", "fused", "torch")
 CUDA_VARIANTS = ("naive", "cascade", "fused")
 
 _SRC = "verify_attention"
-_FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/verify_attention.cu
+_SRC_WGMMA = "verify_attention_wgmma"
+FUSED_IMPLS = ("mma", "wgmma")
+_FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/attention_tile.cuh
 _FUSED_THREADS = 256
-# Q tile + two KV stages + P tile + 3 x BM floats of row statistics (FUSED_SMEM_BYTES).
-_FUSED_SMEM = (_FUSED_BM + 2 * _FUSED_BN) * D_QK * 2 + _FUSED_BM * _FUSED_BN * 2 + 3 * _FUSED_BM * 4
+# Q tile + two KV stages + P tile + 3 x BM floats of row statistics + 1024 B of base alignment
+# (FUSED_SMEM_BYTES).
+_FUSED_SMEM = ((_FUSED_BM + 2 * _FUSED_BN) * D_QK * 2 + _FUSED_BM * _FUSED_BN * 2 + 3 * _FUSED_BM * 4
+               + 1024)
 _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634
 
@@ -143,11 +150,28 @@ def _torch_variant(q, kv, prefix_lens, tree, scale):
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(name: str, index: int):
+def _kernel(name: str, index: int, src: str = _SRC, compiler: str = "nvrtc"):
     """The compiled kernel, looked up once per process and device (keeps eager launches cheap)."""
     from kdtree.kernels import get_kernel
 
-    return get_kernel(_SRC, name, device=index)
+    return get_kernel(src, name, device=index, compiler=compiler)
+
+
+@functools.lru_cache(maxsize=None)
+def fused_impl(index: int) -> str:
+    """The fused kernel a device runs: ``wgmma`` on sm_90 when nvcc is there, else ``mma``.
+
+    The environment variable ``KDTREE_FUSED_IMPL`` (``mma`` or ``wgmma``) overrides the choice.
+    """
+    import shutil
+
+    forced = os.environ.get("KDTREE_FUSED_IMPL")
+    if forced:
+        if forced not in FUSED_IMPLS:
+            raise ValueError(f"KDTREE_FUSED_IMPL: expected one of {FUSED_IMPLS}, got {forced!r}")
+        return forced
+    have_nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+    return "wgmma" if torch.cuda.get_device_capability(index) == (9, 0) and have_nvcc else "mma"
 
 
 def _index(device: torch.device) -> int:
@@ -174,11 +198,12 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int) -> int:
     return best
 
 
-def _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode, scale_log2):
+def _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode, scale_log2):
     from kdtree.kernels import launch, ptr
 
     B, N, H, _ = q.shape
-    fn = _kernel("verify_fused", _index(q.device))
+    fn = (_kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc") if impl == "wgmma"
+          else _kernel("verify_fused", _index(q.device)))
     grid = (-(-(N * H) // _FUSED_BM), splits, B)
     null = np.uint64(0)
     args = (ptr(q), ptr(kv), ptr(pl), ptr(vis), ptr(out), ptr(lse),
@@ -197,8 +222,12 @@ def _launch_combine(o_part, lse_part, out, lse):
                                         np.int32(NH), np.int32(slots)), device=out.device)
 
 
-def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None):
-    """Launch a CUDA variant into ``out``/``lse``; ``splits`` overrides the KV split heuristic."""
+def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, impl=None):
+    """Launch a CUDA variant into ``out``/``lse``.
+
+    ``splits`` overrides the KV split heuristic, ``impl`` (``"mma"``/``"wgmma"``) the fused kernel
+    that ``fused`` and ``cascade`` run (default: ``fused_impl`` of the device).
+    """
     from kdtree.kernels import launch, ptr
 
     B, N, H, _ = q.shape
@@ -214,20 +243,21 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None):
         return
     blocks = -(-(N * H) // _FUSED_BM) * B
     sms = _num_sms(_index(q.device))
+    impl = impl or fused_impl(_index(q.device))
     if variant == "fused":
         s = splits or choose_splits(blocks, S, sms)
         if s == 1:
-            _launch_fused(q, kv, pl, vis, out, lse, None, None, 1, 0, 0, scale_log2)
+            _launch_fused(impl, q, kv, pl, vis, out, lse, None, None, 1, 0, 0, scale_log2)
             return
         o_part = torch.empty((s, B, N * H, D_V), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((s, B, N * H), dtype=torch.float32, device=q.device)
-        _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 0, scale_log2)
+        _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 0, scale_log2)
     else:  # cascade: prefix pass (split), tree pass, merge
         s = splits or choose_splits(blocks, S - N, sms)
         o_part = torch.empty((s + 1, B, N * H, D_V), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((s + 1, B, N * H), dtype=torch.float32, device=q.device)
-        _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 1, scale_log2)
-        _launch_fused(q, kv, pl, vis, out, lse, o_part, lse_part, 1, s, 2, scale_log2)
+        _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 1, scale_log2)
+        _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, 1, s, 2, scale_log2)
     _launch_combine(o_part, lse_part, out, lse)
 
 
@@ -325,6 +355,11 @@ def errors(out, lse, ref_out, ref_lse):
     return rel, lse_err, same_inf
 
 
+def available_impls() -> tuple:
+    """Fused kernels this device can run (``mma`` always; ``wgmma`` where ``fused_impl`` picks it)."""
+    return ("mma", "wgmma") if fused_impl(torch.cuda.current_device()) == "wgmma" else ("mma",)
+
+
 def selfcheck(variants=CUDA_VARIANTS) -> bool:
     """Run CUDA variants (forced split counts too) on small cases vs float64; print, return ok."""
     gen = torch.Generator().manual_seed(1)
@@ -335,16 +370,19 @@ def selfcheck(variants=CUDA_VARIANTS) -> bool:
         q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
         scale = 1 / math.sqrt(192)
         ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), scale)
-        for v in variants:
-            for splits in ((None, 1, 3) if v == "fused" else (None,)):
-                o = (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"),
-                     torch.full((B, N, H), float("nan"), device="cuda"))
-                _run_cuda(v, q, kv, pl, tree, scale, o[0], o[1], splits=splits)
-                torch.cuda.synchronize()
-                rel, le, inf_ok = errors(*o, *ref)
-                good = rel <= 1e-2 and le <= 1e-3 and inf_ok
-                ok &= good
-                print(f"{v:8s} B={B} N={N} H={H} splits={splits}: rel={rel:.2e} lse={le:.2e} "
-                      f"{'ok' if good else 'FAIL'}")
+        runs = [("naive", None, None)] if "naive" in variants else []
+        for i in available_impls():
+            runs += [("fused", s, i) for s in (None, 1, 3)] if "fused" in variants else []
+            runs += [("cascade", None, i)] if "cascade" in variants else []
+        for v, splits, impl in runs:
+            o = (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"),
+                 torch.full((B, N, H), float("nan"), device="cuda"))
+            _run_cuda(v, q, kv, pl, tree, scale, o[0], o[1], splits=splits, impl=impl)
+            torch.cuda.synchronize()
+            rel, le, inf_ok = errors(*o, *ref)
+            good = rel <= 1e-2 and le <= 1e-3 and inf_ok
+            ok &= good
+            print(f"{v:8s} {impl or '':5s} B={B} N={N} H={H} splits={splits}: rel={rel:.2e} lse={le:.2e} "
+                  f"{'ok' if good else 'FAIL'}")
     return ok
 

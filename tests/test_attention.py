@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import kdtree
-from kdtree.attention import (D_QK, D_V, choose_splits, errors, random_case, reference_attention,
-                              tree_to, verify_attention, _run_cuda)
+from kdtree.attention import (D_QK, D_V, FUSED_IMPLS, available_impls, choose_splits, errors, random_case,
+                              reference_attention, tree_to, verify_attention, _run_cuda)
 from kdtree.tree import Tree
 
 REL_TOL, LSE_TOL = 1e-2, 1e-3
@@ -191,16 +191,39 @@ def test_variant_matches_reference(variant, case, gen):
     _check(*out, ref)
 
 
+def _need_impl(impl):
+    if impl not in available_impls():
+        pytest.skip(f"the {impl} kernel needs sm_90 and nvcc")
+
+
+@gpu
+@pytest.mark.parametrize("case", GPU_CASES, ids=_ids(GPU_CASES))
+@pytest.mark.parametrize("variant", ["fused", "cascade"])
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_fused_kernels_match_reference(impl, variant, case, gen):
+    """Both fused kernels (mma.sync and wgmma), alone and inside the cascade."""
+    _need_impl(impl)
+    B, N, H, pls, nn = case
+    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
+    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
+    out = _poisoned(B, N, H, "cuda")
+    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, impl=impl)
+    torch.cuda.synchronize()
+    _check(*out, ref)
+
+
 @gpu
 @pytest.mark.parametrize("splits", [1, 2, 5, 32])
 @pytest.mark.parametrize("variant", ["fused", "cascade"])
-def test_split_counts(variant, splits, gen):
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
+def test_split_counts(impl, variant, splits, gen):
     """Every KV split count gives the same function, including splits with no tiles."""
+    _need_impl(impl)
     B, N, H = 2, 70, 16
     q, kv, pl, tree = random_case(B, N, H, [700, 0], gen, "cuda", num_nodes=[70, 31])
     ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
     out = _poisoned(B, N, H, "cuda")
-    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits)
+    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl)
     torch.cuda.synchronize()
     _check(*out, ref)
 

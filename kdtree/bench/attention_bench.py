@@ -22,7 +22,7 @@ import time
 import pandas as pd
 import torch
 
-from kdtree.attention import (D_QK, D_V, _run_cuda, choose_splits, errors, random_parents,
+from kdtree.attention import (D_QK, D_V, _run_cuda, choose_splits, errors, fused_impl, random_parents,
                               reference_attention, verify_attention)
 from kdtree.bench.results import run_metadata, save_table
 from kdtree.bench.timing import time_events, time_graph
@@ -32,7 +32,8 @@ SCALE = 1 / math.sqrt(192)
 # (B, N, H, P): the issue's compute-bound grid, then the memory-bound point (one TP-8 shard).
 POINTS = [(B, N, 64, P) for B in (1, 16) for P in (4096, 16384) for N in (33, 65, 257)]
 POINTS.append((64, 9, 8, 16384))
-VARIANTS = ("fused", "cascade", "naive", "torch")
+# fused_mma: the fused variant forced onto the mma.sync kernel (where fused runs wgmma), for comparison.
+VARIANTS = ("fused", "fused_mma", "cascade", "naive", "torch")
 SKIP_MS = 40.0  # naive / torch predicted slower than this per call are not timed at that point
 
 
@@ -77,9 +78,20 @@ def _slice_tree(tree, b):
                 tree.num_nodes[b:b + 1], tree.visibility[b:b + 1], tree.draft_depth)
 
 
+def call(variant, q, kv, pl, tree):
+    """One call of a variant (``fused_mma``: fused on the mma.sync kernel); returns (out, lse)."""
+    if variant != "fused_mma":
+        return verify_attention(q, kv, pl, tree, SCALE, variant, check_values=False)
+    B, N, H, _ = q.shape
+    out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=q.device),
+           torch.empty(B, N, H, dtype=torch.float32, device=q.device))
+    _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="mma")
+    return out
+
+
 def check(variant, q, kv, pl, tree) -> tuple[float, float]:
     """Worst (out rel error, lse abs error) over the first and last sequence vs float64."""
-    out, lse = verify_attention(q, kv, pl, tree, SCALE, variant)
+    out, lse = call(variant, q, kv, pl, tree)
     worst = (0.0, 0.0)
     for b in sorted({0, q.shape[0] - 1}):
         ref = reference_attention(q[b:b + 1], kv[b:b + 1], pl[b:b + 1], _slice_tree(tree, b), SCALE)
@@ -108,8 +120,10 @@ def bench_point(B, N, H, P, ceil, gen, device, rows, variants):
     bound = "compute" if t_flop >= t_byte else "memory"
     blocks = -(-(N * H) // 64) * B
     for v in variants:
-        base = dict(variant=v, B=B, N=N, H=H, P=P, flops=flops, bytes=nbytes, bound=bound,
-                    splits=choose_splits(blocks, P + N, ceil["sms"]) if v == "fused" else
+        kernel = ("mma" if v == "fused_mma" else fused_impl(device.index or 0)) if v in (
+            "fused", "fused_mma", "cascade") else v
+        base = dict(variant=v, kernel=kernel, B=B, N=N, H=H, P=P, flops=flops, bytes=nbytes, bound=bound,
+                    splits=choose_splits(blocks, P + N, ceil["sms"]) if v in ("fused", "fused_mma") else
                     choose_splits(blocks, P, ceil["sms"]) if v == "cascade" else None,
                     sets=n_sets)
         est = predicted_ms(v, B, N, H, P, flops)
@@ -124,7 +138,7 @@ def bench_point(B, N, H, P, ceil, gen, device, rows, variants):
             print(f"  {v:8s} FAILED the check: {e}", flush=True)
             continue
         it = iter(range(1 << 30))
-        fns = [lambda s=s: verify_attention(s[0], s[1], pl, tree, SCALE, v, check_values=False) for s in sets]
+        fns = [lambda s=s: call(v, s[0], s[1], pl, tree) for s in sets]
 
         def rotating():
             return fns[next(it) % len(fns)]()
@@ -170,9 +184,10 @@ def summary(df: pd.DataFrame, ceil: dict) -> str:
             frac = r["tbps"] * 1e12 / ceil["copy_bw"]
             lines.append(f"  fused B={B} N={N} H={H} P={P}: {frac:.2f} of copy bandwidth (target >= 0.70) "
                          f"{'MET' if frac >= 0.70 else 'MISSED'}")
-        if ("cascade", B, N, H, P) in g.index:
-            c = g.loc[("cascade", B, N, H, P), "median_us"]
-            lines.append(f"    vs cascade: {c / r['median_us']:.2f}x {'ok' if c >= r['median_us'] else 'SLOWER'}")
+        for other in ("cascade", "fused_mma"):
+            if (other, B, N, H, P) in g.index:
+                c = g.loc[(other, B, N, H, P), "median_us"]
+                lines.append(f"    vs {other}: {c / r['median_us']:.2f}x {'ok' if c >= r['median_us'] else 'SLOWER'}")
     key = (1, 33, 64, 4096)
     for v, target in (("naive", 20), ("torch", 5)):
         if (v, *key) in g.index and key in fz.index:

@@ -1,0 +1,180 @@
+// The tile machinery both fused verify-attention kernels share (mma.sync in
+// verify_attention.cu, wgmma in verify_attention_wgmma.cu): block shape, shared-memory layout,
+// KV range of a split, the tile loader, the masked online-softmax step and the epilogue writes.
+#ifndef KDTREE_ATTENTION_TILE_CUH
+#define KDTREE_ATTENTION_TILE_CUH
+
+#include "attention_common.cuh"
+
+#define FUSED_BM 64        // (query, head) rows per block
+#define FUSED_BN 64        // KV rows per pipeline stage
+#define FUSED_THREADS 256  // 8 warps = 2 warpgroups
+#define QK_CHUNKS (ATT_D_QK / 8)  // 16-byte chunks per q / kv row (72)
+
+static_assert(ATT_D_QK % 64 == 0, "rows are whole 64-column (128-byte) swizzle blocks");
+
+// Shared memory (bytes): Q tile, two KV stages, P tile (64 x 64 bf16), then fp32 row
+// statistics [3][BM] (two column groups' partial max / sum, and a per-row value: alpha or the
+// final max). The base is rounded up to 1024 B (the 128-byte swizzle repeats every 8 rows of
+// 128 B, and wgmma computes it from address bits), hence the extra 1024.
+#define FUSED_SMEM_Q (FUSED_BM * ATT_D_QK * 2)
+#define FUSED_SMEM_KV (FUSED_BN * ATT_D_QK * 2)
+#define FUSED_SMEM_P (FUSED_BM * FUSED_BN * 2)
+#define FUSED_SMEM_STATS (3 * FUSED_BM * 4)
+#define FUSED_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + FUSED_SMEM_STATS + 1024)
+
+// Byte offset of 16-byte chunk cg of row r in a [rows x 8k] bf16 tile stored as k column blocks
+// of 64 values, each [rows x 128 B] with the 128-byte swizzle (chunk ^ (row & 7)). This is the
+// canonical K-major SW128 layout wgmma reads, and the 8 rows one ldmatrix matrix touches land
+// in 8 different bank groups.
+__device__ __forceinline__ att_u32 fused_off(int r, int cg, int rows) {
+  return (att_u32)((cg >> 3) * rows * 128 + r * 128 + (((cg & 7) ^ (r & 7)) << 4));
+}
+
+// Copy rows [0, ROWS) of a [*, 576] bf16 matrix into a tile; rows at or past `valid` are
+// zero-filled (nothing is read for them). One cp.async group is left for the caller to commit.
+template <int ROWS>
+__device__ __forceinline__ void fused_load_rows(att_u32 dst, const att_bf16* src, int valid, int tid) {
+  static_assert((ROWS * QK_CHUNKS) % FUSED_THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int k = 0; k < ROWS * QK_CHUNKS / FUSED_THREADS; ++k) {
+    const int i = tid + k * FUSED_THREADS;
+    const int r = i / QK_CHUNKS, c = i - r * QK_CHUNKS;
+    const bool ok = r < valid;
+    att_cp_async16(dst + fused_off(r, c, ROWS), ok ? src + (size_t)r * ATT_D_QK + c * 8 : src, ok ? 16 : 0);
+  }
+}
+
+// What one block (row tile blockIdx.x, split blockIdx.y, sequence blockIdx.z) covers.
+struct FusedBlock {
+  int b, split, NH, g0;  // sequence, split, rows per sequence, first (query, head) row
+  int p, lo, hi;         // clamped prefix length and the pass's KV range [lo, hi)
+  int kt0, kt1;          // this split's KV tiles
+};
+
+__device__ __forceinline__ FusedBlock fused_block(const int* prefix_lens, int S, int N, int H, int splits,
+                                                  int mode) {
+  FusedBlock k;
+  k.b = blockIdx.z;
+  k.split = blockIdx.y;
+  k.NH = N * H;
+  k.g0 = blockIdx.x * FUSED_BM;
+  k.p = att_prefix(prefix_lens, k.b, N, S);
+  att_kv_range(mode, k.p, N, k.lo, k.hi);
+  const int n_tiles = (k.hi - k.lo + FUSED_BN - 1) / FUSED_BN;
+  const int per_split = (n_tiles + splits - 1) / splits;
+  k.kt0 = k.split * per_split;
+  k.kt1 = min(n_tiles, k.kt0 + per_split);
+  return k;
+}
+
+// The visibility row of the query of tile row r (padding rows past N * H use the last query).
+__device__ __forceinline__ const long long* fused_vis_row(const long long* vis, const FusedBlock& k, int N, int H,
+                                                          int W, int r) {
+  return vis + ((size_t)k.b * N + min((k.g0 + r) / H, N - 1)) * W;
+}
+
+// S of this thread's rows r_lo / r_hi = r_lo + 8 over KV columns col0 + 8 nt + 2 tig + {0, 1}
+// of tile T (four n8 tiles in the mma accumulator layout): scale to the log2 domain, mask keys
+// past the range end or invisible tree rows (only on tiles that reach them), and return the
+// row maxima reduced over the quad.
+__device__ __forceinline__ void fused_scale_mask_max(float (&s)[4][4], const FusedBlock& k, int T, int col0,
+                                                     int tig, const long long* v_lo, const long long* v_hi,
+                                                     float scale_log2, float& mx_lo, float& mx_hi) {
+  const bool edge = (T + FUSED_BN > k.p) || (T + FUSED_BN > k.hi);
+  mx_lo = ATT_NEG_INF;
+  mx_hi = ATT_NEG_INF;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] *= scale_log2;
+      if (edge) {
+        const int t = T + col0 + 8 * nt + 2 * tig + (e & 1);
+        if (t >= k.hi || !att_kv_visible(t, k.p, e < 2 ? v_lo : v_hi)) s[nt][e] = ATT_NEG_INF;
+      }
+    }
+    mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
+    mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+  }
+}
+
+// One online-softmax step for one row: tile max `tmx` (both column groups) -> new running max
+// m, the rescale factor of the old state (returned), p = 2^(s - m) in place, and this thread's
+// partial row sum l (reduced over the row once, at the end).
+__device__ __forceinline__ float fused_softmax_row(float& s0, float& s1, float& s2, float& s3, float& s4, float& s5,
+                                                   float& s6, float& s7, float tmx, float& m, float& l) {
+  const float mn = fmaxf(m, tmx);
+  const float mu = mn == ATT_NEG_INF ? 0.f : mn;  // a row that has seen no key yet
+  const float alpha = att_exp2(m - mu);
+  m = mn;
+  s0 = att_exp2(s0 - mu);
+  s1 = att_exp2(s1 - mu);
+  s2 = att_exp2(s2 - mu);
+  s3 = att_exp2(s3 - mu);
+  s4 = att_exp2(s4 - mu);
+  s5 = att_exp2(s5 - mu);
+  s6 = att_exp2(s6 - mu);
+  s7 = att_exp2(s7 - mu);
+  l = l * alpha + ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+  return alpha;
+}
+
+// Softmax step for rows r_lo / r_hi, then P as bf16 into the P tile (column group cg: tokens
+// 32 cg .. +31). Returns the rescale factors of the two rows.
+__device__ __forceinline__ void fused_softmax_store_p(float (&s)[4][4], float tmx_lo, float tmx_hi, float& m_lo,
+                                                      float& m_hi, float& l_lo, float& l_hi, float& al_lo,
+                                                      float& al_hi, att_u32 sP, int r_lo, int r_hi, int cg,
+                                                      int tig) {
+  al_lo = fused_softmax_row(s[0][0], s[0][1], s[1][0], s[1][1], s[2][0], s[2][1], s[3][0], s[3][1], tmx_lo, m_lo,
+                            l_lo);
+  al_hi = fused_softmax_row(s[0][2], s[0][3], s[1][2], s[1][3], s[2][2], s[2][3], s[3][2], s[3][3], tmx_hi, m_hi,
+                            l_hi);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int ch = 4 * cg + nt;
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + fused_off(r_lo, ch, FUSED_BM) + 4 * tig),
+                 "r"(att_pack_bf16x2(s[nt][0], s[nt][1])));
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + fused_off(r_hi, ch, FUSED_BM) + 4 * tig),
+                 "r"(att_pack_bf16x2(s[nt][2], s[nt][3])));
+  }
+}
+
+// Store two adjacent output values of tile row r, value column col: bf16 into out, or, for a
+// split, normalised fp32 into this split's partial slot.
+__device__ __forceinline__ void fused_store_pair(att_bf16* out, float* o_part, const FusedBlock& k, int B, int slot0,
+                                                 int r, int col, float x0, float x1) {
+  if (o_part == nullptr) {
+    const size_t row = (size_t)k.b * k.NH + k.g0 + r;
+    *reinterpret_cast<att_u32*>(out + row * ATT_D_V + col) = att_pack_bf16x2(x0, x1);
+  } else {
+    const size_t row = ((size_t)(slot0 + k.split) * B + k.b) * k.NH + k.g0 + r;
+    *reinterpret_cast<float2*>(o_part + row * ATT_D_V + col) = make_float2(x0, x1);
+  }
+}
+
+// lse of the tile's rows from the two column groups' row sums (sSum[0..BM), sSum[BM..2BM)) and
+// the final row max (sMax): natural log into lse, or log2 into the split's partial slot.
+__device__ __forceinline__ void fused_store_lse(float* lse, float* lse_part, bool partial, const FusedBlock& k,
+                                                int B, int slot0, const float* sSum, const float* sMax, int tid) {
+  if (tid >= FUSED_BM || k.g0 + tid >= k.NH) return;
+  const float l = sSum[tid] + sSum[FUSED_BM + tid];
+  const float lse2 = l > 0.f ? sMax[tid] + att_log2(l) : ATT_NEG_INF;
+  if (partial)
+    lse_part[((size_t)(slot0 + k.split) * B + k.b) * k.NH + k.g0 + tid] = lse2;
+  else
+    lse[(size_t)k.b * k.NH + k.g0 + tid] = lse2 * ATT_LN2;
+}
+
+// The block's dynamic shared memory, with its base rounded up to 1024 bytes.
+__device__ __forceinline__ unsigned char* fused_smem_base(unsigned char* raw) {
+  const att_u32 a = att_smem_addr(raw);
+  return raw + (((a + 1023u) & ~1023u) - a);
+}
+
+#endif  // KDTREE_ATTENTION_TILE_CUH
