@@ -360,8 +360,11 @@ def available_impls() -> tuple:
     return ("mma", "wgmma") if fused_impl(torch.cuda.current_device()) == "wgmma" else ("mma",)
 
 
-def selfcheck(variants=CUDA_VARIANTS) -> bool:
-    """Run CUDA variants (forced split counts too) on small cases vs float64; print, return ok."""
+def selfcheck(variants=CUDA_VARIANTS, impls=None) -> bool:
+    """Run CUDA variants (forced split counts too) on small cases vs float64; print, return ok.
+
+    ``impls`` are the fused kernels that ``fused`` and ``cascade`` run (default: all available).
+    """
     gen = torch.Generator().manual_seed(1)
     cases = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),  # 2 mask words, empty prefix, padding rows
              (1, 9, 16, [300], None)]
@@ -371,7 +374,7 @@ def selfcheck(variants=CUDA_VARIANTS) -> bool:
         scale = 1 / math.sqrt(192)
         ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), scale)
         runs = [("naive", None, None)] if "naive" in variants else []
-        for i in available_impls():
+        for i in impls or available_impls():
             runs += [("fused", s, i) for s in (None, 1, 3)] if "fused" in variants else []
             runs += [("cascade", None, i)] if "cascade" in variants else []
         for v, splits, impl in runs:

@@ -258,15 +258,18 @@ def test_device_mismatch_raises(gen):
 
 
 @gpu
+@pytest.mark.parametrize("impl", FUSED_IMPLS)
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer(tool):
+def test_compute_sanitizer(tool, impl):
+    """Every CUDA variant, with each fused kernel, on small cases under compute-sanitizer."""
+    _need_impl(impl)
     exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(exe):
         pytest.skip("compute-sanitizer not installed")
     script = os.path.join(os.path.dirname(__file__), "sanitize_attention.py")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run([exe, f"--tool={tool}", sys.executable, script], capture_output=True, text=True,
+    res = subprocess.run([exe, f"--tool={tool}", sys.executable, script, impl], capture_output=True, text=True,
                          timeout=400, env=env)
     print(res.stdout[-4000:], res.stderr[-2000:])
     log = res.stdout + res.stderr
