@@ -120,6 +120,8 @@ def bench_point(B, N, H, P, ceil, gen, device, rows, variants):
     bound = "compute" if t_flop >= t_byte else "memory"
     blocks = -(-(N * H) // 64) * B
     for v in variants:
+        if v == "fused_mma" and fused_impl(device.index or 0) == "mma":
+            continue  # fused already runs the mma.sync kernel
         kernel = ("mma" if v == "fused_mma" else fused_impl(device.index or 0)) if v in (
             "fused", "fused_mma", "cascade") else v
         base = dict(variant=v, kernel=kernel, B=B, N=N, H=H, P=P, flops=flops, bytes=nbytes, bound=bound,
