@@ -1,6 +1,10 @@
 """The ``kdtree`` command.
 
     kdtree bench tree [--budgets ...] [--batches ...] [--out PATH]   tree build / accept / compaction
+    kdtree sweep parameterized_runs/default.yaml [--report]          execute the notebooks over a grid
+    kdtree report <run-id>                                           reports/<run-id>/index.html
+    kdtree compare <run-a> <run-b>                                   regression report of two runs
+    kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
 """
 from __future__ import annotations
 
@@ -20,6 +24,51 @@ def _bench_tree(args) -> int:
     return 0
 
 
+def _run_dir(text: str, root: str) -> str:
+    from pathlib import Path
+
+    p = Path(text)
+    return str(p if p.is_dir() else Path(root) / text)
+
+
+def _sweep(args) -> int:
+    from kdtree.bench.report import render_run
+    from kdtree.bench.sweep import run_sweep, summary
+
+    run_dir = run_sweep(args.spec, run_id=args.run_id, resume=args.resume, profile=args.profile,
+                        timeout=args.timeout)
+    s = summary(run_dir)
+    if args.report:
+        print(f"report: {render_run(run_dir, args.reports)}")
+    print(f"run {s['run_id']} in {run_dir}: {s['counts']}")
+    for pid, err in s["failures"].items():
+        print(f"  FAILED {pid}: {err}")
+    return 1 if s["failures"] else 0
+
+
+def _report(args) -> int:
+    from kdtree.bench.report import render_run
+
+    print(render_run(_run_dir(args.run, args.runs), args.reports))
+    return 0
+
+
+def _compare(args) -> int:
+    from kdtree.bench.report import compare_runs
+
+    print(compare_runs(_run_dir(args.run_a, args.runs), _run_dir(args.run_b, args.runs), args.reports))
+    return 0
+
+
+def _wheelhouse(args) -> int:
+    from kdtree.bench.wheelhouse import build_wheelhouse
+
+    dest = build_wheelhouse(args.dest, python_version=args.python_version, skip_installed=args.skip_installed)
+    print(f"{dest}: {len(list(dest.glob('*.whl')))} wheels; on the GPU host:\n"
+          f"  python3 -m pip install --no-index --find-links {dest} papermill nbconvert ipykernel plotly")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kdtree", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,6 +83,37 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="results/tree_bench", help="table path without suffix")
     t.add_argument("--quick", action="store_true", help="fewer repetitions")
     t.set_defaults(func=_bench_tree)
+
+    s = sub.add_parser("sweep", help="execute the notebooks of a sweep file with papermill")
+    s.add_argument("spec", help="sweep file, e.g. parameterized_runs/default.yaml")
+    s.add_argument("--run-id", default=None, help="run directory name; an existing run is resumed")
+    s.add_argument("--resume", action="store_true", help="resume the latest run of this sweep")
+    s.add_argument("--profile", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="GPU sizes or the small CPU sizes (default: what this machine has)")
+    s.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
+    s.add_argument("--report", action="store_true", help="render the run's report afterwards")
+    s.add_argument("--reports", default="reports", help="reports folder (default reports/)")
+    s.set_defaults(func=_sweep)
+
+    r = sub.add_parser("report", help="render reports/<run-id>/ and reports/index.html")
+    r.add_argument("run", help="run id (under --runs) or run directory")
+    r.add_argument("--runs", default="parameterized_runs", help="where run directories live")
+    r.add_argument("--reports", default="reports", help="reports folder (default reports/)")
+    r.set_defaults(func=_report)
+
+    c = sub.add_parser("compare", help="regression report: time ratio b/a at every common point")
+    c.add_argument("run_a", help="baseline run id or directory")
+    c.add_argument("run_b", help="new run id or directory")
+    c.add_argument("--runs", default="parameterized_runs", help="where run directories live")
+    c.add_argument("--reports", default="reports", help="reports folder (default reports/)")
+    c.set_defaults(func=_compare)
+
+    w = sub.add_parser("wheelhouse", help="download wheels of the notebook stack for an offline GPU host")
+    w.add_argument("--dest", default=".whl", help="folder for the wheels (default .whl, git-ignored)")
+    w.add_argument("--python-version", default="3.12", help="the GPU host's Python (default 3.12)")
+    w.add_argument("--skip-installed", default=None,
+                   help="the host's `pip list --format=freeze`: leave out what it already has")
+    w.set_defaults(func=_wheelhouse)
     return p
 
 

@@ -1,0 +1,162 @@
+"""Hierarchical roofline: which roof binds a measured point, how close it gets, and why.
+
+Every roof is a lower bound on the time of one call:
+
+- ``launch``: launches x the measured launch latency of the timing mode (eager or graph);
+- ``hbm``: the minimum bytes over the HBM copy bandwidth (zero for a warm L2 when the working
+  set fits in the L2: it stays resident between calls);
+- ``l2``: the bytes the variant actually moves over the L2 bandwidth;
+- ``tensor`` / ``fp32``: the useful FLOPs over the rate of the unit the variant runs on.
+
+The attainable time is the largest of these, the binding roof is the one that sets it, and
+the fraction is attainable / measured. A point whose binding roof is the launch floor but which
+takes more than twice that is ``latency``-bound: serial work that no roof describes. The gap to the *ideal* roof (tensor-core FLOPs at the
+minimum bytes from HBM, no launch) says how far any variant could still go.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from kdtree.bench.ceilings import Ceilings
+from kdtree.bench.models import Cost, cost_for_row
+
+ROOF_LABELS = {"launch": "launch", "hbm": "HBM", "l2": "L2", "tensor": "tensor-core",
+               "fp32": "fp32", "host": "host", "latency": "latency"}
+
+# Columns classify() adds.
+COLUMNS = ("flops", "bytes_min", "bytes_moved", "intensity", "achieved_tflops", "achieved_tbs",
+           "moved_tbs", "attainable_us", "fraction", "bound", "ideal_us", "ideal_roof",
+           "gap_to_ideal", "diagnosis")
+
+
+def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str) -> dict[str, float]:
+    """Lower bounds on one call's time in microseconds, one per roof that applies.
+
+    Parameters
+    ----------
+    cost : Cost
+        The variant's FLOPs, bytes and launches.
+    ceilings : Ceilings
+        Measured roofs of the device the point ran on.
+    mode : {"eager", "graph", "host"}
+        Timing mode of the measurement.
+    l2 : {"warm", "cold", "n/a"}
+        L2 state of the measurement.
+    """
+    if l2 not in ("warm", "cold", "n/a"):
+        raise ValueError(f"l2: expected 'warm', 'cold' or 'n/a', got {l2!r}")
+    times = {"launch": cost.launches * ceilings.launch_us(mode)}
+    resident = l2 == "warm" and ceilings.l2_bytes is not None and cost.bytes_min <= ceilings.l2_bytes
+    times["hbm"] = 0.0 if resident else cost.bytes_min / ceilings.hbm_bw * 1e6
+    times["l2"] = cost.bytes_moved / ceilings.l2_bw * 1e6
+    if cost.compute in ("tensor", "fp32"):
+        rate = ceilings.tensor_flops if cost.compute == "tensor" else ceilings.fp32_flops
+        times[cost.compute] = cost.flops / rate * 1e6
+    return {k: v for k, v in times.items() if math.isfinite(v)}
+
+
+def ideal_time(cost: Cost, ceilings: Ceilings) -> tuple[float, str]:
+    """Best time any variant could reach: tensor-core FLOPs or minimum HBM bytes, no launch."""
+    t_tc = cost.flops / ceilings.tensor_flops * 1e6
+    t_hbm = cost.bytes_min / ceilings.hbm_bw * 1e6
+    return (t_tc, "tensor") if t_tc >= t_hbm else (t_hbm, "hbm")
+
+
+def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, l2: str,
+                   variant: str = "") -> dict:
+    """Roofline figures of one measured point (the columns of :data:`COLUMNS`).
+
+    A host-timed point judged against GPU ceilings gets bound ``host`` and no fraction: the
+    GPU's roofs say nothing about a CPU path.
+    """
+    if not (median_us > 0 and math.isfinite(median_us)):
+        raise ValueError(f"median_us: expected a positive time, got {median_us!r}")
+    t = median_us * 1e-6
+    out = {"flops": cost.flops, "bytes_min": cost.bytes_min, "bytes_moved": cost.bytes_moved,
+           "intensity": cost.intensity, "achieved_tflops": cost.flops / t / 1e12,
+           "achieved_tbs": cost.bytes_min / t / 1e12, "moved_tbs": cost.bytes_moved / t / 1e12}
+    name = variant or "?"
+    if mode == "host" and ceilings.kind == "gpu":
+        out.update(attainable_us=np.nan, fraction=np.nan, bound="host", ideal_us=np.nan,
+                   ideal_roof="", gap_to_ideal=np.nan,
+                   diagnosis=f"{name}: host (CPU) path; the GPU roofs do not apply")
+        return out
+    times = roof_times(cost, ceilings, mode, l2)
+    bound = max(times, key=times.get)
+    attainable = times[bound]
+    ideal, ideal_roof = ideal_time(cost, ceilings)
+    gap = median_us / ideal if ideal > 0 else np.nan
+    diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times)
+    if bound == "launch" and attainable / median_us < 0.5:
+        bound = "latency"   # far above every roof: serial work, not launches or bytes
+    out.update(attainable_us=attainable, fraction=attainable / median_us, bound=bound,
+               ideal_us=ideal, ideal_roof=ideal_roof, gap_to_ideal=gap,
+               diagnosis=diagnosis)
+    return out
+
+
+def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, ideal_roof: str,
+             times: dict[str, float]) -> str:
+    """One line: the variant's cause, the binding roof and how close, the gap to the ideal roof.
+
+    Example: ``"naive: re-reads the latent per head and query (64x the minimum bytes);
+    L2-bound at 45% of the L2 roof; 160x below the tensor-core roof"``.
+    """
+    parts = [f"{variant}: {cost.note}"]
+    label = ROOF_LABELS[bound]
+    if bound == "launch" and fraction >= 0.5:
+        parts.append(f"launch-bound ({times['launch']:.1f} us of launches, {fraction:.0%} of the call)")
+    elif bound == "launch":
+        memory = max(times.get("hbm", 0.0), times.get("l2", 0.0))
+        parts.append(f"latency-bound: {times['launch'] / fraction:.3g} us per call against a "
+                     f"{times['launch']:.2g} us launch floor and {memory:.2g} us of memory traffic (serial work)")
+    elif fraction > 1.05:
+        parts.append(f"{label}-bound, yet {fraction:.1f}x faster than that roof (model or ceiling off)")
+    else:
+        parts.append(f"{label}-bound at {fraction:.0%} of the {label} roof")
+    if math.isfinite(gap):
+        ideal_label = ROOF_LABELS[ideal_roof]
+        if gap < 1.5:
+            parts.append(f"at the {ideal_label} roof")
+        else:
+            parts.append(f"{gap:.{0 if gap >= 10 else 1}f}x below the {ideal_label} roof")
+    return "; ".join(parts)
+
+
+def classify(df: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
+    """Add the roofline columns (:data:`COLUMNS`) to a tidy results table.
+
+    Rows need ``kernel``, ``variant`` (or ``path``), ``mode``, ``l2``, ``median_us`` and the
+    shape columns of their kernel's cost model; rows of kernels without a model keep NaNs.
+    """
+    for col in ("kernel", "mode", "l2", "median_us"):
+        if col not in df.columns:
+            raise ValueError(f"results table needs column {col!r}; it has {list(df.columns)}")
+    rows = []
+    for rec in df.to_dict("records"):
+        cost = cost_for_row(rec)
+        variant = rec.get("variant") if isinstance(rec.get("variant"), str) else rec.get("path", "")
+        rows.append({} if cost is None else
+                    classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"], str(variant)))
+    extra = pd.DataFrame(rows, index=df.index, columns=list(COLUMNS))
+    return pd.concat([df.drop(columns=[c for c in COLUMNS if c in df.columns]), extra], axis=1)
+
+
+def roof_lines(ceilings: Ceilings, intensities: np.ndarray | None = None) -> pd.DataFrame:
+    """Attainable FLOP/s per roof over a range of intensities (FLOP/byte), for plotting.
+
+    Returns tidy rows: roof, intensity, flops. Memory roofs are bandwidth x intensity capped
+    by the tensor-core rate; compute roofs are flat.
+    """
+    x = np.logspace(-2, 4, 121) if intensities is None else np.asarray(intensities, dtype=float)
+    rows = []
+    for roof, bw in (("hbm", ceilings.hbm_bw), ("l2", ceilings.l2_bw)):
+        if math.isfinite(bw):
+            rows += [{"roof": roof, "intensity": i, "flops": min(bw * i, ceilings.tensor_flops)} for i in x]
+    for roof, rate in (("tensor", ceilings.tensor_flops), ("fp32", ceilings.fp32_flops)):
+        if math.isfinite(rate):
+            rows += [{"roof": roof, "intensity": i, "flops": rate} for i in (x[0], x[-1])]
+    return pd.DataFrame(rows)

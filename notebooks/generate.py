@@ -1,0 +1,171 @@
+"""Write the workbook notebooks (clean: no outputs). Run ``python notebooks/generate.py``.
+
+Each notebook has one cell tagged ``parameters`` with literal defaults only (papermill injects
+the sweep's values after it); derived values come in the next cell. The measuring and plotting
+code lives in ``kdtree.bench``, so the notebooks stay a few lines per cell.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+# Every notebook of a sweep gets these (sweep.py passes the run's paths).
+RUN_PARAMETERS = '''results_path = "results/{name}"  # table written here (parquet + csv + meta)
+ceilings_path = ""  # the run's ceilings.json; empty: measure now, keep nothing
+run_dir = ""  # the sweep run directory, when run by a sweep'''
+
+NOTEBOOKS = {
+    "00_device_ceilings": [
+        ("md", "# Device ceilings\n\nMeasured once per run; every roofline in the run is drawn on "
+               "these numbers. Datasheet values appear as labels only. Without a GPU the host's "
+               "numbers stand in, labelled as CPU ceilings."),
+        ("parameters", "quick = True  # smaller problems, fewer repetitions\n" + RUN_PARAMETERS.format(name="ceilings")),
+        ("code", "from kdtree.bench import plots\n"
+                 "from kdtree.bench.ceilings import measure_ceilings\n"
+                 "from kdtree.bench.results import save_table\n\n"
+                 "ceilings = measure_ceilings(quick=quick)\n"
+                 "if ceilings_path:\n"
+                 "    ceilings.save(ceilings_path)\n"
+                 "table = ceilings.table()\n"
+                 "save_table(table, results_path)\n"
+                 "plots.table(table)"),
+        ("code", "plots.show(plots.ceilings_bars(ceilings))"),
+    ],
+    "01_tree_build": [
+        ("md", "# Tree build, accept and KV compaction\n\nThe GPU build against the CPU builds "
+               "(the paper's path and the serving-stack path, device copies included) over budget "
+               "and batch; eager launch against graph replay; accept and compaction. Every GPU "
+               "result was checked bit-identical to the reference before it was timed."),
+        ("parameters", "budgets = [16, 64]  # tree budgets (nodes besides the root)\n"
+                       "batches = [1]  # sequences per call\n"
+                       "depth = 15  # draft depth L\n"
+                       "quick = True  # fewer repetitions\n" + RUN_PARAMETERS.format(name="tree_build")),
+        ("code", "from kdtree.bench import plots, roofline\n"
+                 "from kdtree.bench.ceilings import get_ceilings\n"
+                 "from kdtree.bench.results import save_table\n"
+                 "from kdtree.bench.tree_bench import run_tree_bench, summary\n\n"
+                 "ceilings = get_ceilings(ceilings_path or None, quick=True)\n"
+                 "df = roofline.classify(run_tree_bench(budgets, batches, depth, out=None, quick=quick, progress=False),\n"
+                 "                       ceilings)\n"
+                 "save_table(df, results_path)\n"
+                 "gpu = df[df['mode'] != 'host']"),
+        ("md", "## Build: GPU against the CPU paths"),
+        ("code", "plots.show(plots.latency(df[df.kernel == 'build'], 'budget', ['variant', 'mode', 'batch'],\n"
+                 "                        'Tree build time per call', ceilings))\n"
+                 "plots.table(summary(df))"),
+        ("md", "## Eager launch against graph replay"),
+        ("code", "if gpu.empty:\n"
+                 "    print('no GPU rows in this run: the CPU paths only')\n"
+                 "else:\n"
+                 "    plots.show(plots.eager_vs_graph(gpu, 'budget', ['kernel', 'batch'],\n"
+                 "                                    'GPU kernels: eager against graph replay', ceilings))"),
+        ("md", "## Diagnosis"),
+        ("code", "plots.table(df, ['kernel', 'variant', 'budget', 'batch', 'mode', 'l2', 'median_us', 'bound',\n"
+                 "                  'fraction', 'diagnosis'])"),
+    ],
+    "02_verify_attention": [
+        ("md", "# Tree-verify MLA attention\n\nEvery variant the package exports, checked against "
+               "the reference in the same run, over q_len (= budget + 1), prefix length, batch and "
+               "heads per GPU (64 heads cut into tensor-parallel shards); both L2 states, eager "
+               "and graph replay. The roofline and the diagnosis use the run's measured ceilings."),
+        ("parameters", "q_lens = [16, 64]  # tree nodes per sequence (budget + 1)\n"
+                       "prefixes = [256]  # KV tokens before the tree\n"
+                       "batches = [1]  # sequences per call\n"
+                       "heads = [8]  # heads on this GPU (64 / tensor-parallel shards)\n"
+                       "variants = []  # empty: every variant this device runs\n"
+                       "quick = True  # fewer repetitions\n" + RUN_PARAMETERS.format(name="verify_attention")),
+        ("code", "from kdtree.bench import plots, roofline\n"
+                 "from kdtree.bench.attention_sweep import run_attention_sweep\n"
+                 "from kdtree.bench.ceilings import get_ceilings\n"
+                 "from kdtree.bench.results import save_table\n\n"
+                 "ceilings = get_ceilings(ceilings_path or None, quick=True)\n"
+                 "df = run_attention_sweep(q_lens, prefixes, batches, heads, variants or None, ceilings=ceilings,\n"
+                 "                         quick=quick, progress=False)\n"
+                 "df = roofline.classify(df, ceilings)\n"
+                 "save_table(df, results_path)\n"
+                 "by = ['variant', 'mode', 'l2']"),
+        ("md", "## Latency scaling"),
+        ("code", "dims = ['q_len', 'prefix', 'batch', 'heads']\n"
+                 "for x in plots.varying(df, dims):\n"
+                 "    plots.show(plots.latency(df, x, by + plots.varying(df, dims, exclude=x),\n"
+                 "                             f'Verify attention time against {x}', ceilings))"),
+        ("md", "## Achieved bandwidth against the HBM ceiling"),
+        ("code", "x = (plots.varying(df, dims) or ['q_len'])[0]\n"
+                 "plots.show(plots.bandwidth(df, x, by + plots.varying(df, dims, exclude=x),\n"
+                 "                          'Verify attention: achieved TB/s on the minimum bytes', ceilings))"),
+        ("md", "## Roofline"),
+        ("code", "plots.show(plots.roofline(df, ceilings, 'Verify attention on the measured roofline'))"),
+        ("md", "## Eager against graph replay (the launch-bound regime)"),
+        ("code", "if {'eager', 'graph'} <= set(df['mode']):\n"
+                 "    x = (plots.varying(df, dims) or ['q_len'])[0]\n"
+                 "    plots.show(plots.eager_vs_graph(df, x, ['variant', 'l2'] + plots.varying(df, dims, exclude=x),\n"
+                 "                                    'Verify attention: eager against graph replay', ceilings))\n"
+                 "else:\n"
+                 "    print('one timing mode only in this run:', sorted(set(df['mode'])))"),
+        ("md", "## Diagnosis"),
+        ("code", "plots.table(df, ['variant', 'q_len', 'prefix', 'batch', 'heads', 'mode', 'l2', 'median_us',\n"
+                 "                  'achieved_tflops', 'achieved_tbs', 'bound', 'fraction', 'diagnosis'])"),
+    ],
+    "99_summary": [
+        ("md", "# Run summary\n\nEvery point of the run, the device ceilings, the roofline of all "
+               "verify-attention points, and one diagnosis line per kernel, variant, timing mode "
+               "and L2 state. `kdtree report <run-id>` executes this notebook and renders it as the "
+               "run's index page."),
+        ("parameters", 'run_dir = ""  # the run directory; empty: the latest run under parameterized_runs/'),
+        ("code", "from kdtree.bench import plots, report, sweep\n\n"
+                 "run_dir = run_dir or str(sweep.latest_run('parameterized_runs'))\n"
+                 "df, ceilings, manifest = report.load_run(run_dir)\n"
+                 "print(manifest['run_id'], '|', ceilings.caption())\n"
+                 "print({k: v for k, v in manifest['metadata'].items() if k != 'host'})"),
+        ("md", "## Points"),
+        ("code", "plots.table(report.overview(manifest))"),
+        ("md", "## Ceilings"),
+        ("code", "plots.table(ceilings.table())"),
+        ("md", "## Roofline"),
+        ("code", "if (df.get('flops', 0) > 0).any():\n"
+                 "    plots.show(plots.roofline(df, ceilings, 'Every measured point on the roofline'))\n"
+                 "else:\n"
+                 "    print('no point with a FLOP model in this run')"),
+        ("md", "## Diagnosis"),
+        ("code", "plots.table(report.headline(df))"),
+    ],
+}
+
+
+def build(name: str) -> nbformat.NotebookNode:
+    """The notebook ``name`` as a clean nbformat node."""
+    cells = []
+    for kind, src in NOTEBOOKS[name]:
+        if kind == "md":
+            cells.append(new_markdown_cell(src))
+        else:
+            cell = new_code_cell(src)
+            if kind == "parameters":
+                cell.metadata["tags"] = ["parameters"]
+            cells.append(cell)
+    for i, cell in enumerate(cells):
+        cell["id"] = f"{name[:2]}-{i:02d}"
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+def write_all(folder: str | Path) -> list[Path]:
+    """Write every notebook into ``folder``; returns the paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in NOTEBOOKS:
+        path = folder / f"{name}.ipynb"
+        nbformat.write(build(name), str(path))
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for p in write_all(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent):
+        print(p)

@@ -1,0 +1,315 @@
+"""The workbook on CPU: cost models, roofline classification, ceilings, sweeps (a failing point
+and resume), the notebooks (clean, parameterized, all executed through papermill), reports."""
+from __future__ import annotations
+
+import ast
+import json
+import math
+import runpy
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from kdtree.bench import models, plots, roofline
+from kdtree.bench.ceilings import Ceilings, measure_ceilings
+from kdtree.bench.report import compare_runs, compare_table, headline, load_run
+from kdtree.bench.sweep import load_spec, plan, read_manifest, run_sweep, summary
+from kdtree.bench.wheelhouse import installed_names, wheel_project
+from workbook_run import ROOT, cpu_run
+
+# An H200-like set of ceilings (numbers of the order measured there; the tests need no GPU).
+H200 = Ceilings(device="NVIDIA H200", kind="gpu", hbm_bw=4.3e12, l2_bw=10e12, tensor_flops=780e12,
+                fp32_flops=50e12, launch_eager_us=12.0, launch_graph_us=1.5, l2_bytes=60 << 20)
+
+
+# ---- models ----
+
+def test_verify_flops_and_minimum_bytes_follow_the_mla_model():
+    c = models.verify_attention_cost("fused", batch=2, nodes=9, heads=16, prefix=100, tree_visible=3.0)
+    rows = 2 * 9 * 16
+    assert c.flops == rows * (100 + 3) * 2 * (576 + 512)
+    kv = 2 * (100 + 9) * 576 * 2
+    q, out = rows * 576 * 2, rows * (512 * 2 + 4)
+    vis = 2 * 9 * 1 * 8
+    assert c.bytes_min == q + out + kv + vis
+    assert c.bytes_moved == c.bytes_min and c.compute == "tensor" and c.launches == 1
+
+
+def test_naive_rereads_the_latent_per_head_and_query():
+    fused = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
+    assert naive.flops == fused.flops
+    # every (query, head) row reads its visible KV rows: ~ heads x nodes times the KV bytes
+    visible = 4096 + 17
+    assert naive.bytes_moved - fused.bytes_min == pytest.approx(33 * 64 * visible * 1152 - (4096 + 33) * 1152)
+    assert naive.reread > 500 and "re-reads the latent" in naive.note
+    assert models.verify_attention_cost("cascade", batch=1, nodes=33, heads=64, prefix=4096).launches == 3
+
+
+def test_unknown_variant_gets_the_minimum_and_says_so():
+    c = models.verify_attention_cost("shiny", batch=1, nodes=5, heads=8, prefix=10)
+    assert c.bytes_moved == c.bytes_min and "no byte model" in c.note
+
+
+@pytest.mark.parametrize("kw", [dict(batch=-1), dict(nodes=0), dict(prefix=float("nan")), dict(tree_visible=99)])
+def test_bad_shapes_raise(kw):
+    args = dict(batch=1, nodes=9, heads=8, prefix=10) | kw
+    with pytest.raises(ValueError):
+        models.verify_attention_cost("fused", **args)
+
+
+def test_cost_for_row_maps_bench_columns():
+    c = models.cost_for_row({"kernel": "build", "variant": "gpu", "budget": 64, "batch": 8, "depth": 15, "topk": 64})
+    assert c.flops == 0 and c.bytes_min > 0 and "heap" in c.note
+    v = models.cost_for_row({"kernel": "verify_attention", "variant": "fused", "budget": 32, "batch": 1,
+                             "heads": 8, "prefix": 10})
+    assert v.flops == models.verify_attention_cost("fused", batch=1, nodes=33, heads=8, prefix=10).flops
+    assert models.cost_for_row({"kernel": "other"}) is None
+    with pytest.raises(ValueError, match="heads"):
+        models.cost_for_row({"kernel": "verify_attention", "variant": "fused", "q_len": 9, "batch": 1, "prefix": 1})
+
+
+# ---- roofline ----
+
+def test_naive_is_l2_bound_far_below_the_tensor_core_roof():
+    cost = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
+    t_l2 = cost.bytes_moved / H200.l2_bw * 1e6
+    r = roofline.classify_point(cost, H200, 2 * t_l2, "graph", "cold", "naive")
+    assert r["bound"] == "l2" and r["fraction"] == pytest.approx(0.5)
+    assert r["ideal_roof"] == "tensor" and r["gap_to_ideal"] > 50
+    assert r["diagnosis"].startswith("naive: re-reads the latent per head")
+    assert "L2-bound at 50% of the L2 roof" in r["diagnosis"] and "x below the tensor-core roof" in r["diagnosis"]
+
+
+def test_fused_large_is_tensor_bound_and_small_graph_is_launch_bound():
+    big = models.verify_attention_cost("fused", batch=16, nodes=257, heads=64, prefix=16384)
+    t_tc = big.flops / H200.tensor_flops * 1e6
+    r = roofline.classify_point(big, H200, t_tc / 0.4, "graph", "cold", "fused")
+    assert r["bound"] == "tensor" and r["fraction"] == pytest.approx(0.4)
+    small = models.verify_attention_cost("fused", batch=1, nodes=2, heads=8, prefix=1)
+    r = roofline.classify_point(small, H200, 14.0, "eager", "warm", "fused")
+    assert r["bound"] == "launch" and "launch-bound" in r["diagnosis"]
+
+
+def test_warm_l2_removes_the_hbm_roof_only_when_the_data_fits():
+    fits = models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=1024)
+    assert roofline.roof_times(fits, H200, "graph", "warm")["hbm"] == 0
+    assert roofline.roof_times(fits, H200, "graph", "cold")["hbm"] > 0
+    huge = models.verify_attention_cost("fused", batch=64, nodes=9, heads=8, prefix=65536)
+    assert roofline.roof_times(huge, H200, "graph", "warm")["hbm"] > 0
+
+
+def test_serial_kernel_far_above_its_roofs_is_latency_bound():
+    cost = models.build_tree_cost("gpu", batch=1, budget=64, depth=15)
+    r = roofline.classify_point(cost, H200, 200.0, "graph", "warm", "gpu")
+    assert r["bound"] == "latency" and "latency-bound" in r["diagnosis"]
+
+
+def test_host_rows_against_gpu_ceilings_get_no_roof():
+    cost = models.build_tree_cost("cpu_paper", batch=1, budget=64, depth=15)
+    r = roofline.classify_point(cost, H200, 900.0, "host", "n/a", "cpu_paper")
+    assert r["bound"] == "host" and math.isnan(r["fraction"])
+
+
+def test_classify_adds_columns_and_leaves_unmodelled_rows_empty():
+    df = pd.DataFrame([{"kernel": "verify_attention", "variant": "naive", "q_len": 33, "prefix": 4096, "batch": 1,
+                        "heads": 64, "mode": "graph", "l2": "cold", "median_us": 900.0},
+                       {"kernel": "mystery", "variant": "x", "mode": "graph", "l2": "cold", "median_us": 5.0}])
+    out = roofline.classify(df, H200)
+    assert set(roofline.COLUMNS) <= set(out.columns) and len(out) == 2
+    assert out.loc[0, "bound"] == "l2" and pd.isna(out.loc[1, "bound"])
+    with pytest.raises(ValueError, match="median_us"):
+        roofline.classify(df.drop(columns=["median_us"]), H200)
+
+
+def test_bad_timing_mode_and_l2_state_raise():
+    cost = models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=10)
+    with pytest.raises(ValueError, match="mode"):
+        roofline.roof_times(cost, H200, "turbo", "cold")
+    with pytest.raises(ValueError, match="l2"):
+        roofline.roof_times(cost, H200, "graph", "lukewarm")
+
+
+# ---- ceilings and figures ----
+
+def test_cpu_ceilings_are_measured_and_labelled(tmp_path):
+    c = measure_ceilings(quick=True, device="cpu")
+    assert c.kind == "cpu" and "CPU host ceilings" in c.caption()
+    assert all(getattr(c, f) > 0 for f in ("hbm_bw", "l2_bw", "tensor_flops", "fp32_flops", "launch_eager_us"))
+    back = Ceilings.load(c.save(tmp_path / "c.json"))
+    assert back.table().equals(c.table()) and back.methods == c.methods
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a ceilings file"):
+        Ceilings.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="device"):
+        measure_ceilings(device="tpu")
+
+
+def test_every_figure_names_device_ceilings_l2_state_and_timing_mode():
+    df = roofline.classify(pd.DataFrame(
+        [{"kernel": "verify_attention", "variant": v, "q_len": n, "prefix": 4096, "batch": 1, "heads": 64,
+          "mode": m, "l2": "cold", "median_us": 50.0 * n, "p20_us": 45.0 * n, "p80_us": 60.0 * n}
+         for v in ("naive", "fused") for n in (9, 33) for m in ("eager", "graph")]), H200)
+    figs = [plots.latency(df, "q_len", ["variant", "mode"], "t", H200), plots.bandwidth(df, "q_len", ["variant"], "b", H200),
+            plots.eager_vs_graph(df, "q_len", ["variant"], "e", H200), plots.roofline(df, H200, "r")]
+    for fig in figs:
+        title = fig.layout.title.text
+        assert "NVIDIA H200" in title and "HBM 4.3 TB/s" in title and "L2: cold" in title
+        assert "timing: eager+graph" in title
+    assert "NVIDIA H200" in plots.ceilings_bars(H200).layout.title.text
+    with pytest.raises(ValueError, match="columns"):
+        plots.latency(df, "nope", ["variant"], "t", H200)
+
+
+# ---- sweeps ----
+
+def _tiny_notebook(path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('x = 1\nfail_flag = ""\ncalls = ""\nresults_path = ""\nceilings_path = ""\nrun_dir = ""')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "from pathlib import Path\nimport pandas as pd\nfrom kdtree.bench.results import save_table\n"
+        "with open(calls, 'a') as f: f.write(f'{x}\\n')\n"
+        "if x == 2 and Path(fail_flag).exists(): raise RuntimeError('planted failure')\n"
+        "save_table(pd.DataFrame({'kernel': ['k'], 'x': [x], 'median_us': [1.0], 'p20_us': [0.9], 'p80_us': [1.1]}),"
+        " results_path, meta={})")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+def test_sweep_records_a_failing_point_goes_on_and_resumes(tmp_path):
+    (tmp_path / "nb").mkdir()
+    (tmp_path / "sweeps").mkdir()
+    _tiny_notebook(tmp_path / "nb" / "tiny.ipynb")
+    flag, calls = tmp_path / "fail", tmp_path / "calls.txt"
+    flag.touch()
+    spec = tmp_path / "sweeps" / "tiny.yaml"
+    spec.write_text(yaml.safe_dump({"name": "tiny", "notebooks": [
+        {"notebook": "nb/tiny.ipynb", "parameters": {"fail_flag": str(flag), "calls": str(calls)},
+         "grid": {"x": [1, 2, 3]}}]}))
+    run = run_sweep(spec, run_id="r1", profile="cpu", progress=False)
+    s = summary(run)
+    assert s["counts"] == {"ok": 2, "failed": 1}
+    (pid, err), = s["failures"].items()
+    assert "x-2" in pid and "planted failure" in err
+    assert (run / f"{pid}.ipynb").exists()                  # the failed notebook is kept for the report
+    assert sorted(pd.read_parquet(run / "results.parquet")["x"]) == [1, 3]
+
+    flag.unlink()
+    run_sweep(spec, run_id="r1", profile="cpu", progress=False)   # resume: only the failed point runs
+    assert summary(run)["counts"] == {"ok": 3}
+    assert sorted(calls.read_text().split()) == ["1", "2", "2", "3"]
+    assert sorted(pd.read_parquet(run / "results.parquet")["x"]) == [1, 2, 3]
+    run_sweep(spec, resume=True, profile="cpu", progress=False)   # --resume finds r1; nothing left to do
+    assert len(calls.read_text().split()) == 4
+
+
+def test_spec_errors_are_clear(tmp_path):
+    bad = tmp_path / "s" / "bad.yaml"
+    bad.parent.mkdir()
+    for text, match in [("notebooks: []", "name"), ("name: x\nnotebooks: []", "non-empty"),
+                        ("name: x\nnotebooks: [{notebook: nope.ipynb}]", "does not exist"),
+                        ("name: 'a b'\nnotebooks: [{notebook: x}]", "letters")]:
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=match):
+            load_spec(bad)
+
+
+def test_cpu_profile_updates_parameters_and_grid():
+    spec = load_spec(ROOT / "parameterized_runs" / "default.yaml")
+    gpu, cpu = plan(spec, "gpu"), plan(spec, "cpu")
+    assert [p.notebook for p in gpu] == [p.notebook for p in cpu]
+    tree_gpu = next(p for p in gpu if "01_tree" in p.notebook).params
+    tree_cpu = next(p for p in cpu if "01_tree" in p.notebook).params
+    assert max(tree_gpu["budgets"]) == 1024 and max(tree_cpu["budgets"]) < 1024
+    assert tree_cpu["depth"] == tree_gpu["depth"]                  # kept from the GPU parameters
+    assert len({p.point_id for p in gpu}) == len(gpu)
+    with pytest.raises(ValueError, match="profile"):
+        plan(spec, "tpu")
+
+
+# ---- notebooks ----
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_notebooks_are_generated_clean_and_parameterized(tmp_path):
+    gen = runpy.run_path(str(ROOT / "notebooks" / "generate.py"))
+    fresh = {p.name: p for p in gen["write_all"](tmp_path)}
+    assert sorted(fresh) == [p.name for p in NOTEBOOKS]
+    for path in NOTEBOOKS:
+        assert path.read_text() == fresh[path.name].read_text(), f"{path.name}: run notebooks/generate.py"
+        nb = nbformat.read(str(path), as_version=4)
+        assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1
+        for stmt in ast.parse(tagged[0].source).body:     # literal defaults only
+            assert isinstance(stmt, ast.Assign)
+            ast.literal_eval(stmt.value)
+
+
+def test_ci_sweep_executes_every_notebook_on_cpu():
+    run_dir, _ = cpu_run()
+    manifest = read_manifest(run_dir)
+    assert {Path(e["notebook"]).name for e in manifest["points"].values()} == {
+        p.name for p in NOTEBOOKS if not p.name.startswith("99_")}
+    assert summary(run_dir)["failures"] == {}
+    df, ceilings, _ = load_run(run_dir)
+    assert ceilings.kind == "cpu"
+    verify = df[df["kernel"] == "verify_attention"]
+    assert set(verify["variant"]) == {"torch"} and verify["bound"].notna().all()
+    assert (verify["check_rel"] < 1e-2).all()
+    build = df[df["kernel"] == "build"]
+    assert set(build["variant"]) == {"cpu_paper", "cpu_serving"} and (build["median_us"] > 0).all()
+    h = headline(df)
+    assert {"verify_attention", "build"} <= set(h["kernel"]) and h["diagnosis (largest point)"].str.len().gt(10).all()
+
+
+# ---- reports ----
+
+def test_report_pages_have_no_inputs_and_no_remote_assets():
+    run_dir, reports = cpu_run()
+    index = reports / "ci" / "index.html"
+    pages = list((reports / "ci").rglob("*.html"))
+    assert index.exists() and len(pages) == len(read_manifest(run_dir)["points"]) + 1
+    assert (reports / "plotly.min.js").stat().st_size > 1_000_000
+    for page in pages:
+        text = page.read_text()
+        assert "class=\"jp-CodeMirrorEditor" not in text and "from kdtree.bench import" not in text, \
+            f"{page}: input cells rendered"
+        assert 'src="http' not in text and "require.js" not in text and "mathjax" not in text.lower()
+        assert "plotly.min.js" in text
+    assert "Plotly.newPlot" in index.read_text()
+    assert 'href="ci/index.html"' in (reports / "index.html").read_text()
+
+
+def test_compare_flags_points_beyond_the_spread(tmp_path):
+    a = pd.DataFrame({"kernel": ["k"] * 3, "n": [1, 2, 3], "median_us": [10.0, 10.0, 10.0],
+                      "p20_us": [9.0, 9.0, 9.0], "p80_us": [11.0, 11.0, 11.0]})
+    b = a.assign(median_us=[10.5, 20.0, 5.0], p20_us=[9.5, 19.0, 4.0], p80_us=[11.5, 21.0, 6.0])
+    m = compare_table(a, b.iloc[::-1]).set_index("n")
+    assert m.loc[1, "flag"] == "" and m.loc[2, "flag"] == "slower" and m.loc[3, "flag"] == "faster"
+    assert m.loc[2, "ratio"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="lacks"):
+        compare_table(a.drop(columns=["p20_us"]), b)
+
+    run_dir, reports = cpu_run()
+    out = compare_runs(run_dir, run_dir, reports)
+    text = out.read_text()
+    assert "0 beyond the measured spread" in text and "median ratio 1.000" in text
+
+
+# ---- wheelhouse ----
+
+def test_wheelhouse_name_parsing(tmp_path):
+    assert wheel_project("Jinja2-3.1.4-py3-none-any.whl") == "jinja2"
+    assert wheel_project("pyzmq-27.3.0-cp312-abi3-manylinux_2_28_x86_64.whl") == "pyzmq"
+    with pytest.raises(ValueError):
+        wheel_project("notawheel.tar.gz")
+    freeze = tmp_path / "freeze.txt"
+    freeze.write_text("# comment\nJinja2==3.1.4\ntyping_extensions==4.12\nnumpy @ file:///x\n")
+    assert installed_names(freeze) == {"jinja2", "typing-extensions", "numpy"}
