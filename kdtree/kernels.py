@@ -168,10 +168,14 @@ def ptr(t) -> np.uint64:
     return np.uint64(t.data_ptr())
 
 
+_SMEM_LIMIT: dict[tuple[int, int], int] = {}  # (id(kernel), device) -> dynamic smem limit set
+
+
 def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None) -> None:
     """Launch ``fn`` on torch's current stream for ``device`` (fetched now, so graphs capture it).
 
-    ``args`` are kernel arguments already converted (``ptr(t)``, ``np.int32(x)``...).
+    ``args`` are kernel arguments already converted (``ptr(t)``, ``np.int32(x)``...). The
+    dynamic shared-memory limit is raised once per kernel and device, not queried per launch.
     """
     import cupy
     import torch
@@ -181,8 +185,10 @@ def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None) -> None:
         idx = torch.cuda.current_device()
     with cupy.cuda.Device(idx):
         stream = cupy.cuda.Stream.from_external(torch.cuda.current_stream(idx))
-        if shared_mem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < shared_mem:
+        key = (id(fn), idx)
+        if shared_mem > 48 * 1024 and _SMEM_LIMIT.get(key, 48 * 1024) < shared_mem:
             fn.max_dynamic_shared_size_bytes = shared_mem
+            _SMEM_LIMIT[key] = shared_mem
         fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)
 
 
