@@ -28,6 +28,7 @@ import os
 import numpy as np
 import torch
 
+from kdtree.checks import check_tensor
 from kdtree.tree import Tree
 
 D_QK = 576          # absorbed q / latent key width (512 latent + 64 rope)
@@ -50,22 +51,9 @@ _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634
 
 
-def _check_tensor(name, t, dtypes, ndim, device=None):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name}: expected dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected device {device} (that of q), got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor")
-
-
 def _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out):
     """Raise TypeError/ValueError naming the bad argument; nothing has run yet."""
-    _check_tensor("q", q, (torch.bfloat16,), 4)
+    check_tensor("q", q, (torch.bfloat16,), 4)
     B, N, H, D = q.shape
     dev = q.device
     if D != D_QK:
@@ -76,19 +64,19 @@ def _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out):
         raise ValueError(f"q: tree nodes N={N} out of range 1..{MAX_NODES}")
     if B < 1:
         raise ValueError("q: empty batch")
-    _check_tensor("kv", kv, (torch.bfloat16,), 3, dev)
+    check_tensor("kv", kv, (torch.bfloat16,), 3, dev)
     if kv.shape[0] != B or kv.shape[2] != D_QK:
         raise ValueError(f"kv: expected shape [{B}, S, {D_QK}], got {tuple(kv.shape)}")
     S = kv.shape[1]
     if S < N:
         raise ValueError(f"kv: S={S} rows cannot hold the N={N} tree rows")
-    _check_tensor("prefix_lens", prefix_lens, (torch.int32, torch.int64), 1, dev)
+    check_tensor("prefix_lens", prefix_lens, (torch.int32, torch.int64), 1, dev)
     if prefix_lens.shape[0] != B:
         raise ValueError(f"prefix_lens: expected shape [{B}], got {tuple(prefix_lens.shape)}")
     if not isinstance(tree, Tree):
         raise TypeError(f"tree: expected kdtree.Tree, got {type(tree).__name__}")
     W = (N + 63) // 64
-    _check_tensor("tree.visibility", tree.visibility, (torch.int64,), 3, dev)
+    check_tensor("tree.visibility", tree.visibility, (torch.int64,), 3, dev)
     if tuple(tree.visibility.shape) != (B, N, W):
         raise ValueError(f"tree.visibility: expected shape [{B}, {N}, {W}] to match q, "
                          f"got {tuple(tree.visibility.shape)}")
@@ -103,8 +91,8 @@ def _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out):
     if out is not None:
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError("out: expected a tuple (out, lse)")
-        _check_tensor("out[0]", out[0], (torch.bfloat16,), 4, dev)
-        _check_tensor("out[1]", out[1], (torch.float32,), 3, dev)
+        check_tensor("out[0]", out[0], (torch.bfloat16,), 4, dev)
+        check_tensor("out[1]", out[1], (torch.float32,), 3, dev)
         if tuple(out[0].shape) != (B, N, H, D_V) or tuple(out[1].shape) != (B, N, H):
             raise ValueError(f"out: expected shapes [{B}, {N}, {H}, {D_V}] and [{B}, {N}, {H}]")
     capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()

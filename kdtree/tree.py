@@ -9,11 +9,12 @@ prefix. The CUDA kernels in ``cuda/tree.cu`` are bit-identical to the references
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from kdtree.checks import check_tensor, need
 
 MAX_DEPTH = 32     # L, draft positions after the root
 MAX_TOPK = 1024    # K
@@ -129,56 +130,42 @@ def visibility_reference(parents: torch.Tensor, num_nodes: torch.Tensor) -> torc
 # (NaN/inf, sorted rows) read the values and sit behind ``validate=`` so graph capture works.
 # ---------------------------------------------------------------------------------------------
 
-def _need(cond: bool, exc: type, msg: str) -> None:
-    if not cond:
-        raise exc(msg)
-
-
-def _check_tensor(name: str, t, dtypes: tuple, dim: int | None = None) -> None:
-    _need(isinstance(t, torch.Tensor), TypeError, f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    _need(t.dtype in dtypes, TypeError,
-          f"{name}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if dim is not None:
-        _need(t.dim() == dim, ValueError, f"{name}: expected {dim} dimensions, got shape {tuple(t.shape)}")
-    _need(t.is_contiguous(), ValueError, f"{name}: must be contiguous (call .contiguous())")
-
-
 _INT = (torch.int32, torch.int64)
 
 
 def _check_build_args(logprobs, tokens, budget, root_tokens, validate: bool) -> None:
-    _check_tensor("logprobs", logprobs, (torch.float32,), 3)
-    _check_tensor("tokens", tokens, _INT, 3)
-    _need(tokens.shape == logprobs.shape, ValueError,
+    check_tensor("logprobs", logprobs, (torch.float32,), 3)
+    check_tensor("tokens", tokens, _INT, 3)
+    need(tokens.shape == logprobs.shape, ValueError,
           f"tokens: shape {tuple(tokens.shape)} must equal logprobs' {tuple(logprobs.shape)}")
-    _need(tokens.device == logprobs.device, ValueError,
+    need(tokens.device == logprobs.device, ValueError,
           f"tokens: on {tokens.device}, logprobs on {logprobs.device}")
     B, L, K = logprobs.shape
-    _need(isinstance(budget, int) and not isinstance(budget, bool), TypeError,
+    need(isinstance(budget, int) and not isinstance(budget, bool), TypeError,
           f"budget: expected an int, got {type(budget).__name__}")
-    _need(1 <= budget <= MAX_BUDGET, ValueError, f"budget: must be in 1..{MAX_BUDGET}, got {budget}")
-    _need(B >= 1, ValueError, "logprobs: batch dimension is empty")
-    _need(1 <= L <= MAX_DEPTH, ValueError, f"logprobs: draft depth L must be in 1..{MAX_DEPTH}, got {L}")
-    _need(1 <= K <= MAX_TOPK, ValueError, f"logprobs: top-K must be in 1..{MAX_TOPK}, got {K}")
+    need(1 <= budget <= MAX_BUDGET, ValueError, f"budget: must be in 1..{MAX_BUDGET}, got {budget}")
+    need(B >= 1, ValueError, "logprobs: batch dimension is empty")
+    need(1 <= L <= MAX_DEPTH, ValueError, f"logprobs: draft depth L must be in 1..{MAX_DEPTH}, got {L}")
+    need(1 <= K <= MAX_TOPK, ValueError, f"logprobs: top-K must be in 1..{MAX_TOPK}, got {K}")
     if root_tokens is not None:
-        _check_tensor("root_tokens", root_tokens, _INT, 1)
-        _need(root_tokens.shape[0] == B, ValueError,
+        check_tensor("root_tokens", root_tokens, _INT, 1)
+        need(root_tokens.shape[0] == B, ValueError,
               f"root_tokens: expected shape ({B},), got {tuple(root_tokens.shape)}")
-        _need(root_tokens.device == logprobs.device, ValueError,
+        need(root_tokens.device == logprobs.device, ValueError,
               f"root_tokens: on {root_tokens.device}, logprobs on {logprobs.device}")
     if validate:
-        _need(bool(torch.isfinite(logprobs).all()), ValueError,
+        need(bool(torch.isfinite(logprobs).all()), ValueError,
               "logprobs: contains NaN or infinite values (topk_logprobs clamps -inf to the float32 minimum)")
-        _need(bool((logprobs[..., 1:] <= logprobs[..., :-1]).all()), ValueError,
+        need(bool((logprobs[..., 1:] <= logprobs[..., :-1]).all()), ValueError,
               "logprobs: every [b, l, :] row must be sorted in descending order")
 
 
 def _backend(backend: str, device: torch.device) -> str:
-    _need(backend in ("auto", "torch", "cuda"), ValueError,
+    need(backend in ("auto", "torch", "cuda"), ValueError,
           f"backend: expected 'auto', 'torch' or 'cuda', got {backend!r}")
     if backend == "auto":
         return "cuda" if device.type == "cuda" else "torch"
-    _need(backend == "torch" or device.type == "cuda", ValueError,
+    need(backend == "torch" or device.type == "cuda", ValueError,
           f"backend: 'cuda' needs CUDA tensors, got tensors on {device}")
     return backend
 
@@ -365,7 +352,7 @@ def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
 
 
 def _check_tree(tree) -> None:
-    _need(isinstance(tree, Tree), TypeError, f"tree: expected a kdtree.Tree, got {type(tree).__name__}")
+    need(isinstance(tree, Tree), TypeError, f"tree: expected a kdtree.Tree, got {type(tree).__name__}")
 
 
 def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto") -> Accepted:
@@ -386,10 +373,10 @@ def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto") 
         such child. ``bonus`` is the target's choice there.
     """
     _check_tree(tree)
-    _check_tensor("target_tokens", target_tokens, _INT, 2)
-    _need(tuple(target_tokens.shape) == tuple(tree.tokens.shape), ValueError,
+    check_tensor("target_tokens", target_tokens, _INT, 2)
+    need(tuple(target_tokens.shape) == tuple(tree.tokens.shape), ValueError,
           f"target_tokens: expected shape {tuple(tree.tokens.shape)}, got {tuple(target_tokens.shape)}")
-    _need(target_tokens.device == tree.device, ValueError,
+    need(target_tokens.device == tree.device, ValueError,
           f"target_tokens: on {target_tokens.device}, tree on {tree.device}")
     if _backend(backend, tree.device) == "torch":
         return accept_reference(tree, target_tokens)
@@ -426,23 +413,23 @@ def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
         Check that every moved row lies inside the cache (reads the values: a device
         synchronisation, so pass False under graph capture).
     """
-    _need(isinstance(kv, torch.Tensor), TypeError, f"kv: expected a torch.Tensor, got {type(kv).__name__}")
-    _need(kv.dim() in (3, 4), ValueError, f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")
-    _need(kv.stride(-1) == 1, ValueError, "kv: the last dimension must be contiguous")
-    _need(isinstance(accepted, Accepted), TypeError,
+    need(isinstance(kv, torch.Tensor), TypeError, f"kv: expected a torch.Tensor, got {type(kv).__name__}")
+    need(kv.dim() in (3, 4), ValueError, f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")
+    need(kv.stride(-1) == 1, ValueError, "kv: the last dimension must be contiguous")
+    need(isinstance(accepted, Accepted), TypeError,
           f"accepted: expected a kdtree.Accepted, got {type(accepted).__name__}")
-    _check_tensor("prefix_lens", prefix_lens, _INT, 1)
+    check_tensor("prefix_lens", prefix_lens, _INT, 1)
     B, S = kv.shape[-3], kv.shape[-2]
-    _need(prefix_lens.shape[0] == B and accepted.length.shape[0] == B, ValueError,
+    need(prefix_lens.shape[0] == B and accepted.length.shape[0] == B, ValueError,
           f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}; "
           f"accepted has {accepted.length.shape[0]}")
     for name, t in (("prefix_lens", prefix_lens), ("accepted", accepted.indices)):
-        _need(t.device == kv.device, ValueError, f"{name}: on {t.device}, kv on {kv.device}")
+        need(t.device == kv.device, ValueError, f"{name}: on {t.device}, kv on {kv.device}")
     M = accepted.indices.shape[1]
-    _need(M <= MAX_DEPTH + 1, ValueError, f"accepted: at most {MAX_DEPTH + 1} indices per row, got {M}")
+    need(M <= MAX_DEPTH + 1, ValueError, f"accepted: at most {MAX_DEPTH + 1} indices per row, got {M}")
     if validate:
         last = prefix_lens.long() + accepted.indices.long().amax(1)
-        _need(bool((prefix_lens >= 0).all()) and bool((last < S).all()), ValueError,
+        need(bool((prefix_lens >= 0).all()) and bool((last < S).all()), ValueError,
               f"prefix_lens: prefix_lens[b] + indices[b] must index rows of the cache (S = {S})")
     if _backend(backend, kv.device) == "torch":
         return compact_kv_reference(kv, prefix_lens, accepted)
@@ -479,11 +466,11 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     logprobs : float32 [..., k], sorted descending, -inf clamped to the float32 minimum
     tokens : int64 [..., k]
     """
-    _need(isinstance(logits, torch.Tensor), TypeError, f"logits: expected a torch.Tensor, got {type(logits).__name__}")
-    _need(logits.is_floating_point(), TypeError, f"logits: expected a floating dtype, got {logits.dtype}")
-    _need(logits.dim() >= 1, ValueError, "logits: needs a vocabulary dimension")
+    need(isinstance(logits, torch.Tensor), TypeError, f"logits: expected a torch.Tensor, got {type(logits).__name__}")
+    need(logits.is_floating_point(), TypeError, f"logits: expected a floating dtype, got {logits.dtype}")
+    need(logits.dim() >= 1, ValueError, "logits: needs a vocabulary dimension")
     V = logits.shape[-1]
-    _need(isinstance(k, int) and 1 <= k <= min(V, MAX_TOPK), ValueError,
+    need(isinstance(k, int) and 1 <= k <= min(V, MAX_TOPK), ValueError,
           f"k: must be an int in 1..min(vocab={V}, {MAX_TOPK}), got {k!r}")
     lp = torch.log_softmax(logits.float(), dim=-1)
     vals, idx = torch.topk(lp, k, dim=-1, sorted=True)
