@@ -61,11 +61,11 @@ def _compare(args) -> int:
 
 
 def _wheelhouse(args) -> int:
-    from kdtree.bench.wheelhouse import build_wheelhouse
+    from kdtree.bench.wheelhouse import STACK, build_wheelhouse
 
     dest = build_wheelhouse(args.dest, python_version=args.python_version, skip_installed=args.skip_installed)
     print(f"{dest}: {len(list(dest.glob('*.whl')))} wheels; on the GPU host:\n"
-          f"  python3 -m pip install --no-index --find-links {dest} papermill nbconvert ipykernel plotly")
+          f"  python3 -m pip install --no-index --find-links {dest} {' '.join(STACK)}")
     return 0
 
 

@@ -53,15 +53,15 @@ NOTEBOOKS = {
                  "save_table(df, results_path)\n"
                  "gpu = df[df['mode'] != 'host']"),
         ("md", "## Build: GPU against the CPU paths"),
-        ("code", "plots.show(plots.latency(df[df.kernel == 'build'], 'budget', ['variant', 'mode', 'batch'],\n"
-                 "                        'Tree build time per call', ceilings))\n"
+        ("code", "plots.show(plots.latency(df[df.kernel == 'build'], 'budget', ['variant', 'mode'],\n"
+                 "                        'Tree build time per call', ceilings, facet='batch'))\n"
                  "plots.table(summary(df))"),
         ("md", "## Eager launch against graph replay"),
         ("code", "if gpu.empty:\n"
                  "    print('no GPU rows in this run: the CPU paths only')\n"
                  "else:\n"
-                 "    plots.show(plots.eager_vs_graph(gpu, 'budget', ['kernel', 'batch'],\n"
-                 "                                    'GPU kernels: eager against graph replay', ceilings))"),
+                 "    plots.show(plots.eager_vs_graph(gpu, 'budget', ['batch'], 'GPU kernels: eager against graph replay',\n"
+                 "                                    ceilings, facet='kernel'))"),
         ("md", "## Diagnosis"),
         ("code", "plots.table(df, ['kernel', 'variant', 'budget', 'batch', 'mode', 'l2', 'median_us', 'bound',\n"
                  "                  'fraction', 'diagnosis'])"),
@@ -86,23 +86,23 @@ NOTEBOOKS = {
                  "                         quick=quick, progress=False)\n"
                  "df = roofline.classify(df, ceilings)\n"
                  "save_table(df, results_path)\n"
-                 "by = ['variant', 'mode', 'l2']"),
+                 "by = ['variant', 'mode']  # lines; one panel per L2 state"),
         ("md", "## Latency scaling"),
         ("code", "dims = ['q_len', 'prefix', 'batch', 'heads']\n"
                  "for x in plots.varying(df, dims):\n"
                  "    plots.show(plots.latency(df, x, by + plots.varying(df, dims, exclude=x),\n"
-                 "                             f'Verify attention time against {x}', ceilings))"),
+                 "                             f'Verify attention time against {x}', ceilings, facet='l2'))"),
         ("md", "## Achieved bandwidth against the HBM ceiling"),
         ("code", "x = (plots.varying(df, dims) or ['q_len'])[0]\n"
                  "plots.show(plots.bandwidth(df, x, by + plots.varying(df, dims, exclude=x),\n"
-                 "                          'Verify attention: achieved TB/s on the minimum bytes', ceilings))"),
+                 "                          'Verify attention: achieved TB/s on the minimum bytes', ceilings, facet='l2'))"),
         ("md", "## Roofline"),
         ("code", "plots.show(plots.roofline(df, ceilings, 'Verify attention on the measured roofline'))"),
         ("md", "## Eager against graph replay (the launch-bound regime)"),
         ("code", "if {'eager', 'graph'} <= set(df['mode']):\n"
                  "    x = (plots.varying(df, dims) or ['q_len'])[0]\n"
-                 "    plots.show(plots.eager_vs_graph(df, x, ['variant', 'l2'] + plots.varying(df, dims, exclude=x),\n"
-                 "                                    'Verify attention: eager against graph replay', ceilings))\n"
+                 "    plots.show(plots.eager_vs_graph(df, x, ['variant'] + plots.varying(df, dims, exclude=x),\n"
+                 "                                    'Verify attention: eager against graph replay', ceilings, facet='l2'))\n"
                  "else:\n"
                  "    print('one timing mode only in this run:', sorted(set(df['mode'])))"),
         ("md", "## Diagnosis"),

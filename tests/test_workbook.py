@@ -107,6 +107,7 @@ def test_serial_kernel_far_above_its_roofs_is_latency_bound():
     cost = models.build_tree_cost("gpu", batch=1, budget=64, depth=15)
     r = roofline.classify_point(cost, H200, 200.0, "graph", "warm", "gpu")
     assert r["bound"] == "latency" and "latency-bound" in r["diagnosis"]
+    assert r["ideal_roof"] == "launch" and r["diagnosis"].endswith("133x the one-launch floor")
 
 
 def test_host_rows_against_gpu_ceilings_get_no_roof():

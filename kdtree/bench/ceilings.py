@@ -156,7 +156,7 @@ def _measure_gpu(quick: bool) -> Ceilings:
     l2 = int(p.L2_cache_size)
     reps = 10 if quick else 40
     hbm_bytes = (1 << 28) if quick else (1 << 30)
-    l2_bytes_buf = max(l2 // 8, 1 << 20)
+    l2_bytes_buf = max(l2 // 4, 1 << 20)   # source + destination fill half the L2
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:

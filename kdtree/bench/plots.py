@@ -73,36 +73,59 @@ def _series_name(df: pd.DataFrame, by: list[str]) -> pd.Series:
     return row_text(df, by)
 
 
+def _sorted(values) -> list:
+    try:
+        return sorted(values)
+    except TypeError:    # mixed types
+        return sorted(values, key=str)
+
+
 def lines(df: pd.DataFrame, x: str, y: str, by: list[str], title: str, ceilings: Ceilings, *,
-          y_title: str, log_x: bool = True, log_y: bool = True, spread: bool = True,
-          hlines: dict[str, float] | None = None) -> go.Figure:
+          y_title: str, facet: str | None = None, log_x: bool = True, log_y: bool = True,
+          spread: bool = True, hlines: dict[str, float] | None = None) -> go.Figure:
     """One line per combination of ``by`` columns, with p20-p80 error bars for time columns.
 
     Parameters
     ----------
     df : DataFrame
-        Tidy results; ``x``, ``y`` and the ``by`` columns must exist.
+        Tidy results; ``x``, ``y``, the ``by`` columns and ``facet`` must exist.
+    facet : str, optional
+        One panel per value of this column (shared y axis; one legend entry per series).
     hlines : dict, optional
-        Horizontal reference lines (name -> value), e.g. a bandwidth ceiling.
+        Horizontal reference lines (name -> value), e.g. a bandwidth ceiling, in every panel.
     """
-    missing = [c for c in [x, y, *by] if c not in df.columns]
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    missing = [c for c in [x, y, *by, *([facet] if facet else [])] if c not in df.columns]
     if missing:
         raise ValueError(f"lines: columns {missing} not in the table ({list(df.columns)})")
-    fig = go.Figure()
     d = df.assign(_series=_series_name(df, by)).sort_values(x)
-    for name, g in d.groupby("_series", sort=True):
-        err = None
-        if spread and y == "median_us" and {"p20_us", "p80_us"} <= set(g.columns):
-            err = {"type": "data", "symmetric": False, "array": g["p80_us"] - g["median_us"],
-                   "arrayminus": g["median_us"] - g["p20_us"]}
-        fig.add_trace(go.Scatter(x=g[x], y=g[y], mode="lines+markers", name=name, error_y=err))
-    xs = d[x].dropna()
-    for name, v in (hlines or {}).items():   # traces, not add_hline: its labels misplace on log axes
-        if len(xs) and v == v:
-            fig.add_trace(go.Scatter(x=[xs.min(), xs.max()], y=[v, v], mode="lines", name=name,
-                                     line={"dash": "dash", "color": "gray"}))
+    panels = _sorted(d[facet].dropna().unique()) if facet else [None]
+    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[f"{facet} = {p}" for p in panels] if facet else None)
+    palette = qualitative.Plotly + qualitative.D3
+    colors = {name: palette[i % len(palette)] for i, name in enumerate(sorted(d["_series"].unique()))}
+    xs, shown = d[x].dropna(), set()
+    for col, panel in enumerate(panels, start=1):
+        part = d if facet is None else d[d[facet] == panel]
+        for name, g in part.groupby("_series", sort=True):
+            err = None
+            if spread and y == "median_us" and {"p20_us", "p80_us"} <= set(g.columns):
+                err = {"type": "data", "symmetric": False, "array": g["p80_us"] - g["median_us"],
+                       "arrayminus": g["median_us"] - g["p20_us"]}
+            fig.add_trace(go.Scatter(x=g[x], y=g[y], mode="lines+markers", name=name, error_y=err,
+                                     legendgroup=name, showlegend=name not in shown,
+                                     line={"color": colors[name]}), row=1, col=col)
+            shown.add(name)
+        for name, v in (hlines or {}).items():   # traces, not add_hline: its labels misplace on log axes
+            if len(xs) and v == v:
+                fig.add_trace(go.Scatter(x=[xs.min(), xs.max()], y=[v, v], mode="lines", name=name,
+                                         legendgroup=name, showlegend=col == 1,
+                                         line={"dash": "dash", "color": "gray"}), row=1, col=col)
     fig.update_xaxes(title=x, type="log" if log_x else "linear")
-    fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    fig.update_yaxes(type="log" if log_y else "linear")
+    fig.update_yaxes(title=y_title, row=1, col=1)
     return label(fig, title, ceilings, df)
 
 
@@ -111,26 +134,28 @@ def varying(df: pd.DataFrame, dims, exclude: str | None = None) -> list[str]:
     return [c for c in dims if c != exclude and c in df.columns and df[c].nunique() > 1]
 
 
-def latency(df: pd.DataFrame, x: str, by: list[str], title: str, ceilings: Ceilings) -> go.Figure:
+def latency(df: pd.DataFrame, x: str, by: list[str], title: str, ceilings: Ceilings,
+            facet: str | None = None) -> go.Figure:
     """Median latency (p20-p80 bars) against ``x``, one line per ``by`` combination."""
-    return lines(df, x, "median_us", by, title, ceilings, y_title="time per call (us)")
+    return lines(df, x, "median_us", by, title, ceilings, y_title="time per call (us)", facet=facet)
 
 
-def bandwidth(df: pd.DataFrame, x: str, by: list[str], title: str, ceilings: Ceilings) -> go.Figure:
+def bandwidth(df: pd.DataFrame, x: str, by: list[str], title: str, ceilings: Ceilings,
+              facet: str | None = None) -> go.Figure:
     """Achieved bandwidth on the minimum bytes against ``x``, with the HBM and L2 ceilings."""
     return lines(df, x, "achieved_tbs", by, title, ceilings, y_title="TB/s (minimum bytes / time)",
-                 spread=False, hlines={"HBM copy (measured)": ceilings.hbm_bw / 1e12,
+                 facet=facet, spread=False, hlines={"HBM copy (measured)": ceilings.hbm_bw / 1e12,
                                        "L2 copy (measured)": ceilings.l2_bw / 1e12})
 
 
-def eager_vs_graph(df: pd.DataFrame, x: str, by: list[str], title: str, ceilings: Ceilings) -> go.Figure:
+def eager_vs_graph(df: pd.DataFrame, x: str, by: list[str], title: str, ceilings: Ceilings,
+                   facet: str | None = None) -> go.Figure:
     """Eager launch against graph replay: both latencies, with the measured launch floors."""
     if "mode" not in df.columns:
         raise ValueError("eager_vs_graph: the table needs a 'mode' column")
     d = df[df["mode"].isin(["eager", "graph"])]
-    fig = lines(d, x, "median_us", [*by, "mode"], title, ceilings, y_title="time per call (us)",
-                hlines={"eager launch": ceilings.launch_eager_us, "graph launch": ceilings.launch_graph_us})
-    return fig
+    return lines(d, x, "median_us", [*by, "mode"], title, ceilings, y_title="time per call (us)", facet=facet,
+                 hlines={"eager launch": ceilings.launch_eager_us, "graph launch": ceilings.launch_graph_us})
 
 
 def roofline(df: pd.DataFrame, ceilings: Ceilings, title: str, color: str = "variant") -> go.Figure:
@@ -148,10 +173,14 @@ def roofline(df: pd.DataFrame, ceilings: Ceilings, title: str, color: str = "var
                                  name=f"{ROOF_LABELS[roof]} roof", line={"dash": _ROOF_STYLE[roof], "color": "gray"}))
     hover = [c for c in ("kernel", "q_len", "budget", "batch", "heads", "prefix", "mode", "l2", "median_us",
                          "bound", "fraction", "diagnosis") if c in d.columns]
-    for name, g in d.groupby(color if color in d.columns else "kernel", sort=True):
-        text = row_text(g, hover, "<br>", named=True)
-        fig.add_trace(go.Scatter(x=g["intensity"], y=g["achieved_tflops"], mode="markers", name=str(name),
-                                 text=text, hovertemplate="%{text}<extra></extra>"))
+    keys = [color if color in d.columns else "kernel"] + [c for c in ("mode", "l2") if c in d.columns]
+    symbols = {}
+    for name, g in d.groupby(keys, sort=True):
+        state = " ".join(map(str, name[1:]))
+        symbols.setdefault(state, len(symbols))
+        fig.add_trace(go.Scatter(x=g["intensity"], y=g["achieved_tflops"], mode="markers",
+                                 name=" ".join(map(str, name)), marker={"symbol": symbols[state], "size": 8},
+                                 text=row_text(g, hover, "<br>", named=True), hovertemplate="%{text}<extra></extra>"))
     fig.update_xaxes(title="FLOP per byte moved", type="log")
     fig.update_yaxes(title="TFLOP/s", type="log")
     return label(fig, title, ceilings, d)

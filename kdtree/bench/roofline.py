@@ -10,8 +10,9 @@ Every roof is a lower bound on the time of one call:
 
 The attainable time is the largest of these, the binding roof is the one that sets it, and
 the fraction is attainable / measured. A point whose binding roof is the launch floor but which
-takes more than twice that is ``latency``-bound: serial work that no roof describes. The gap to the *ideal* roof (tensor-core FLOPs at the
-minimum bytes from HBM, no launch) says how far any variant could still go.
+takes more than twice that is ``latency``-bound: serial work that no roof describes. The gap to
+the *ideal* roof (tensor-core FLOPs, the minimum bytes from HBM, or a single launch, whichever
+is largest) says how far any variant could still go.
 """
 from __future__ import annotations
 
@@ -58,11 +59,14 @@ def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str) -> dict[str, 
     return {k: v for k, v in times.items() if math.isfinite(v)}
 
 
-def ideal_time(cost: Cost, ceilings: Ceilings) -> tuple[float, str]:
-    """Best time any variant could reach: tensor-core FLOPs or minimum HBM bytes, no launch."""
-    t_tc = cost.flops / ceilings.tensor_flops * 1e6
-    t_hbm = cost.bytes_min / ceilings.hbm_bw * 1e6
-    return (t_tc, "tensor") if t_tc >= t_hbm else (t_hbm, "hbm")
+def ideal_time(cost: Cost, ceilings: Ceilings, mode: str) -> tuple[float, str]:
+    """Best time any variant could reach in ``mode``: the largest of the tensor-core time of the
+    FLOPs, the HBM time of the minimum bytes, and one launch."""
+    times = {"tensor": cost.flops / ceilings.tensor_flops * 1e6, "hbm": cost.bytes_min / ceilings.hbm_bw * 1e6,
+             "launch": ceilings.launch_us(mode)}
+    times = {k: v for k, v in times.items() if math.isfinite(v)}
+    roof = max(times, key=times.get)
+    return times[roof], roof
 
 
 def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, l2: str,
@@ -87,7 +91,7 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
     times = roof_times(cost, ceilings, mode, l2)
     bound = max(times, key=times.get)
     attainable = times[bound]
-    ideal, ideal_roof = ideal_time(cost, ceilings)
+    ideal, ideal_roof = ideal_time(cost, ceilings, mode)
     gap = median_us / ideal if ideal > 0 else np.nan
     diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times)
     if bound == "launch" and attainable / median_us < 0.5:
@@ -118,11 +122,13 @@ def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, 
     else:
         parts.append(f"{label}-bound at {fraction:.0%} of the {label} roof")
     if math.isfinite(gap):
-        ideal_label = ROOF_LABELS[ideal_roof]
-        if gap < 1.5:
-            parts.append(f"at the {ideal_label} roof")
+        x = f"{gap:.{0 if gap >= 10 else 1}f}x"
+        if ideal_roof == "launch":
+            parts.append(f"{x} the one-launch floor")
+        elif gap < 1.5:
+            parts.append(f"at the {ROOF_LABELS[ideal_roof]} roof")
         else:
-            parts.append(f"{gap:.{0 if gap >= 10 else 1}f}x below the {ideal_label} roof")
+            parts.append(f"{x} below the {ROOF_LABELS[ideal_roof]} roof")
     return "; ".join(parts)
 
 
