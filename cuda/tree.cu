@@ -140,7 +140,9 @@ extern "C" __global__ void __launch_bounds__(32) build_tree(
     int* par = (int*)(slot_info + budget);
     int* rnk = par + N;
     int* dep = rnk + N;
-    float* lp = (float*)(((size_t)(dep + N) + 15) & ~(size_t)15);  // 16-byte aligned for float4
+    // lp at the next 16-byte boundary (float4 staging); offset arithmetic on the shared pointer
+    // itself keeps the loads LDS (an integer round trip would make them generic LD).
+    float* lp = (float*)(smem + ((((unsigned char*)(dep + N) - smem) + 15) & ~15));
 
     const float* lpb = logprobs + (long long)b * LK;
     if ((LK & 3) == 0 && ((size_t)lp & 15) == 0) {

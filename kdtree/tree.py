@@ -240,7 +240,7 @@ def build_tree_reference(logprobs, tokens, budget, root_tokens=None, *, path: st
     give the same Tree, on the inputs' device.
     """
     B, L, K = logprobs.shape
-    N, dev = budget + 1, logprobs.device
+    dev = logprobs.device
     if path == "serving":
         lp, tok = logprobs.cpu().numpy(), tokens.cpu().numpy()
         roots = root_tokens.cpu().numpy() if root_tokens is not None else np.full(B, -1)
@@ -333,7 +333,7 @@ def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
     from kdtree import kernels
 
     B, L, K = logprobs.shape
-    N, dev = budget + 1, logprobs.device
+    dev = logprobs.device
     out_tok = torch.empty((B, N), dtype=torch.int32, device=dev)
     out_par, out_dep = torch.empty_like(out_tok), torch.empty_like(out_tok)
     out_num = torch.empty(B, dtype=torch.int32, device=dev)
