@@ -333,7 +333,7 @@ def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
     from kdtree import kernels
 
     B, L, K = logprobs.shape
-    dev = logprobs.device
+    N, dev = budget + 1, logprobs.device
     out_tok = torch.empty((B, N), dtype=torch.int32, device=dev)
     out_par, out_dep = torch.empty_like(out_tok), torch.empty_like(out_tok)
     out_num = torch.empty(B, dtype=torch.int32, device=dev)
