@@ -37,13 +37,16 @@ VARIANTS = ("fused", "fused_mma", "cascade", "naive", "torch")
 SKIP_MS = 40.0  # naive / torch predicted slower than this per call are not timed at that point
 
 
-def measure_ceilings(device) -> dict:
-    """HBM copy bandwidth (read + write, 2 GiB) and dense bf16 matmul rate (8192^3, random)."""
+def _copy_bandwidth(device) -> float:
     x = torch.empty(1 << 30, dtype=torch.bfloat16, device=device).normal_()
     y = torch.empty_like(x)
     t = time_events([lambda: y.copy_(x)], reps=30, warmup=5).median_us * 1e-6
-    copy_bw = 2 * x.numel() * 2 / t
-    del x, y
+    return 2 * x.numel() * 2 / t
+
+
+def measure_ceilings(device) -> dict:
+    """HBM copy bandwidth (read + write, 2 GiB) and dense bf16 matmul rate (8192^3, random)."""
+    copy_bw = _copy_bandwidth(device)  # its 4 GiB of buffers are freed before the matmul
     n = 8192
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
