@@ -125,7 +125,7 @@ NOTEBOOKS = {
         ("md", "## Ceilings"),
         ("code", "plots.table(ceilings.table())"),
         ("md", "## Roofline"),
-        ("code", "if (df.get('flops', 0) > 0).any():\n"
+        ("code", "if 'flops' in df and (df['flops'] > 0).any():\n"
                  "    plots.show(plots.roofline(df, ceilings, 'Every measured point on the roofline'))\n"
                  "else:\n"
                  "    print('no point with a FLOP model in this run')"),

@@ -314,3 +314,23 @@ def test_wheelhouse_name_parsing(tmp_path):
     freeze = tmp_path / "freeze.txt"
     freeze.write_text("# comment\nJinja2==3.1.4\ntyping_extensions==4.12\nnumpy @ file:///x\n")
     assert installed_names(freeze) == {"jinja2", "typing-extensions", "numpy"}
+
+
+def test_cli_reports_a_run_whose_timed_points_all_failed(tmp_path, capsys):
+    from kdtree.cli import main
+
+    spec = tmp_path / "partial.yaml"
+    spec.write_text(yaml.safe_dump({"name": "partial", "root": str(ROOT), "notebooks": [
+        {"notebook": "notebooks/00_device_ceilings.ipynb", "parameters": {"quick": True}},
+        {"notebook": "notebooks/02_verify_attention.ipynb",        # 3 heads: rejected by verify_attention
+         "parameters": {"q_lens": [5], "prefixes": [8], "batches": [1], "heads": [3], "quick": True}}]}))
+    reports = tmp_path / "reports"
+    code = main(["sweep", str(spec), "--run-id", "p", "--profile", "cpu", "--report", "--reports", str(reports)])
+    out = capsys.readouterr().out
+    assert code == 1 and "FAILED 02_verify_attention/" in out and "heads" in out
+    assert f"report: {reports / 'p' / 'index.html'}" in out
+    text = (reports / "p" / "index.html").read_text()
+    assert "<b>failed</b>" in text and "no point with a FLOP model" in text
+    assert len(list((reports / "p" / "02_verify_attention").glob("*.html"))) == 1   # the failed page
+    with pytest.raises(ValueError, match="no timed results"):
+        main(["compare", str(tmp_path / "p"), str(tmp_path / "p"), "--reports", str(reports)])

@@ -84,14 +84,22 @@ def notebook_html(notebook: str | Path, out: str | Path, plotly_src: str, nav_ht
 
 
 def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, Ceilings, dict]:
-    """A run's combined results classified on its ceilings, the ceilings, and its manifest."""
+    """A run's timed results (every finished point) classified on its ceilings, the ceilings,
+    and its manifest."""
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     if not (run_dir / "ceilings.json").exists():
         raise ValueError(f"{run_dir}: no ceilings.json (did the ceilings notebook run?)")
     ceilings = Ceilings.load(run_dir / "ceilings.json")
-    df = combine_results(run_dir)
+    df = _timed(combine_results(run_dir))
     return (classify(df, ceilings) if not df.empty else df), ceilings, manifest
+
+
+def _timed(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that hold a time (a run's combined table also has the ceilings table's rows)."""
+    if "median_us" not in df.columns:
+        return pd.DataFrame()
+    return df[df["median_us"].notna()].reset_index(drop=True)
 
 
 def overview(manifest: dict) -> pd.DataFrame:
@@ -222,9 +230,9 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
     import plotly.graph_objects as go
 
     run_a, run_b = Path(run_a), Path(run_b)
-    a, b = combine_results(run_a), combine_results(run_b)
+    a, b = (_timed(combine_results(r)) for r in (run_a, run_b))
     if a.empty or b.empty:
-        raise ValueError(f"compare: {run_a if a.empty else run_b} has no finished results")
+        raise ValueError(f"compare: {run_a if a.empty else run_b} has no timed results")
     m = compare_table(a.drop(columns=["point"]), b.drop(columns=["point"]))
     ida, idb = read_manifest(run_a)["run_id"], read_manifest(run_b)["run_id"]
     dev = [read_manifest(r).get("metadata", {}).get("device") for r in (run_a, run_b)]

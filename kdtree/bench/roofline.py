@@ -136,14 +136,16 @@ def classify(df: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     """Add the roofline columns (:data:`COLUMNS`) to a tidy results table.
 
     Rows need ``kernel``, ``variant`` (or ``path``), ``mode``, ``l2``, ``median_us`` and the
-    shape columns of their kernel's cost model; rows of kernels without a model keep NaNs.
+    shape columns of their kernel's cost model; rows of kernels without a model, and rows without
+    a time, keep NaNs.
     """
     for col in ("kernel", "mode", "l2", "median_us"):
         if col not in df.columns:
             raise ValueError(f"results table needs column {col!r}; it has {list(df.columns)}")
     rows = []
     for rec in df.to_dict("records"):
-        cost = cost_for_row(rec)
+        timed = isinstance(rec["median_us"], (int, float)) and math.isfinite(rec["median_us"])
+        cost = cost_for_row(rec) if timed else None
         variant = rec.get("variant") if isinstance(rec.get("variant"), str) else rec.get("path", "")
         rows.append({} if cost is None else
                     classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"], str(variant)))
