@@ -3,13 +3,11 @@ and resume), the notebooks (clean, parameterized, all executed through papermill
 from __future__ import annotations
 
 import ast
-import json
 import math
 import runpy
 from pathlib import Path
 
 import nbformat
-import numpy as np
 import pandas as pd
 import pytest
 import yaml

@@ -6,7 +6,8 @@ Build it where pip reaches PyPI, for the GPU host's Python (3.12, manylinux x86_
 
 then, on the GPU host (the folder travels with the checkout)::
 
-    python3 -m pip install --no-index --find-links .whl papermill nbconvert nbformat nbclient ipykernel plotly pyyaml tqdm pandas fastparquet
+    python3 -m pip install --no-index --find-links .whl \
+        papermill nbconvert nbformat nbclient ipykernel plotly pyyaml tqdm pandas fastparquet
 
 or, where site-packages is read-only::
 
