@@ -2,7 +2,7 @@
 
     kdtree bench tree [--budgets ...] [--batches ...] [--out PATH]   tree build / accept / compaction
     kdtree sweep parameterized_runs/default.yaml [--report]          execute the notebooks over a grid
-    kdtree report <run-id>                                           reports/<run-id>/index.html
+    kdtree report <run-id> [--png]                                   reports/<run-id>/index.html
     kdtree compare <run-a> <run-b>                                   regression report of two runs
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
 """
@@ -49,7 +49,14 @@ def _sweep(args) -> int:
 def _report(args) -> int:
     from kdtree.bench.report import render_run
 
-    print(render_run(_run_dir(args.run, args.runs), args.reports))
+    run_dir = _run_dir(args.run, args.runs)
+    index = render_run(run_dir, args.reports)
+    print(index)
+    if args.png:
+        from kdtree.bench.figures import export_pngs
+
+        for png in export_pngs(run_dir, index.parent / "figures"):
+            print(png)
     return 0
 
 
@@ -99,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="run id (under --runs) or run directory")
     r.add_argument("--runs", default="parameterized_runs", help="where run directories live")
     r.add_argument("--reports", default="reports", help="reports folder (default reports/)")
+    r.add_argument("--png", action="store_true",
+                   help="also write the headline charts as PNGs (README images; needs chromium)")
     r.set_defaults(func=_report)
 
     c = sub.add_parser("compare", help="regression report: time ratio b/a at every common point")

@@ -73,3 +73,15 @@ def test_the_checks_catch_blank_plots_and_network_requests(tmp_path):
     finally:
         blank.unlink()
         remote.unlink()
+
+
+def test_headline_charts_export_as_pngs(tmp_path):
+    from kdtree.bench.figures import export_pngs
+
+    run_dir, _ = cpu_run()
+    pngs = export_pngs(run_dir, tmp_path / "figures", width=900, height=500)
+    assert {p.stem for p in pngs} == {"roofline", "tree_build"}        # no GPU rows: no eager/graph chart
+    for p in pngs:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == 900
+        assert len(data) > 20_000, f"{p.name} looks blank"

@@ -103,7 +103,7 @@ def lines(df: pd.DataFrame, x: str, y: str, by: list[str], title: str, ceilings:
     d = df.assign(_series=_series_name(df, by)).sort_values(x)
     panels = _sorted(d[facet].dropna().unique()) if facet else [None]
     fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=[f"{facet} = {p}" for p in panels] if facet else None)
+                        subplot_titles=[f"{facet} = {_fmt(p)}" for p in panels] if facet else None)
     palette = qualitative.Plotly + qualitative.D3
     colors = {name: palette[i % len(palette)] for i, name in enumerate(sorted(d["_series"].unique()))}
     xs, shown = d[x].dropna(), set()
