@@ -332,3 +332,20 @@ def test_cli_reports_a_run_whose_timed_points_all_failed(tmp_path, capsys):
     assert len(list((reports / "p" / "02_verify_attention").glob("*.html"))) == 1   # the failed page
     with pytest.raises(ValueError, match="no timed results"):
         main(["compare", str(tmp_path / "p"), str(tmp_path / "p"), "--reports", str(reports)])
+
+
+def test_variants_are_found_by_name_at_run_time(monkeypatch):
+    import torch
+
+    from kdtree import attention
+    from kdtree.bench import attention_bench
+    from kdtree.bench.attention_sweep import runnable_variants
+
+    assert runnable_variants(torch.device("cpu")) == ["torch"]
+    monkeypatch.setattr(attention, "VARIANTS", (*attention.VARIANTS, "shiny"))
+    monkeypatch.setattr(attention_bench, "VARIANTS", (*attention_bench.VARIANTS, "bench_only"))
+    on_gpu = runnable_variants(torch.device("cuda"))
+    assert {"shiny", "bench_only", *attention.CUDA_VARIANTS} <= set(on_gpu)
+    assert "shiny" in runnable_variants(torch.device("cpu"))      # not declared CUDA-only
+    with pytest.raises(ValueError, match="bogus"):
+        runnable_variants(torch.device("cpu"), ["bogus"])

@@ -5,8 +5,8 @@ benchmark's ``make_sets``), check each variant against the float64 reference on 
 (``attention_bench.check``; a variant that fails is not timed), then time it. On a GPU: warm L2
 (one input set, reused) and cold L2 (input sets rotating over more than 2.5x the L2, flushed
 before each eager call), each as eager launches and as CUDA-graph replay. On a CPU: host time of
-the variants that run there. Variants come from ``kdtree.attention.VARIANTS`` at run time, so
-a new one shows up without edits here.
+the variants that run there. Variants come from ``kdtree.attention.VARIANTS`` and the
+benchmark's ``VARIANTS`` at run time, so a new one shows up without edits here.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from kdtree import attention
+from kdtree.bench import attention_bench
 from kdtree.bench.attention_bench import SCALE, check, make_sets
 from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.models import verify_attention_cost
@@ -28,14 +29,20 @@ SKIP_MS = 40.0   # a variant whose roofline floor is above this per call is not 
 
 
 def runnable_variants(device: torch.device, wanted=None) -> list[str]:
-    """The variants of ``kdtree.attention.VARIANTS`` (or ``wanted``) that run on ``device``."""
-    known = tuple(getattr(attention, "VARIANTS", ("torch",)))
+    """The variants (or ``wanted`` of them) that run on ``device``.
+
+    The names are those of ``kdtree.attention.VARIANTS`` plus the benchmark's own
+    (``attention_bench.VARIANTS``, e.g. ``fused_mma``); off a GPU only the library's variants
+    outside ``kdtree.attention.CUDA_VARIANTS`` run.
+    """
+    library = tuple(getattr(attention, "VARIANTS", ("torch",)))
+    known = library + tuple(v for v in getattr(attention_bench, "VARIANTS", ()) if v not in library)
     wanted = list(known if not wanted else wanted)
     unknown = [v for v in wanted if v not in known]
     if unknown:
-        raise ValueError(f"variants: {unknown} not in kdtree.attention.VARIANTS {known}")
-    cuda_only = set(getattr(attention, "CUDA_VARIANTS", ()))
-    return [v for v in wanted if device.type == "cuda" or v not in cuda_only]
+        raise ValueError(f"variants: {unknown} not among the known variants {known}")
+    cpu = set(library) - set(getattr(attention, "CUDA_VARIANTS", ()))
+    return [v for v in wanted if device.type == "cuda" or v in cpu]
 
 
 def _timings(fns, device: torch.device, quick: bool) -> list[Timing]:
@@ -55,6 +62,15 @@ def _timings(fns, device: torch.device, quick: bool) -> list[Timing]:
             time_graph(fns[0], reps=g_reps, calls_per_graph=per_graph, warmup=1, l2="warm"),
             time_events(fns, reps=reps, warmup=2, l2="cold"),
             _cold(time_graph(rotating, reps=g_reps, calls_per_graph=len(fns) * per_graph, warmup=1))]
+
+
+def _call(variant, q, kv, pl, tree):
+    """One call of ``variant``: through the benchmark's ``call`` (which knows its extra variants)
+    when it has one, else ``verify_attention`` without value checks."""
+    call = getattr(attention_bench, "call", None)
+    if call is not None:
+        return call(variant, q, kv, pl, tree)
+    return attention.verify_attention(q, kv, pl, tree, SCALE, variant, check_values=False)
 
 
 def _cold(t: Timing) -> Timing:
@@ -111,8 +127,7 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
             except AssertionError as exc:
                 notes.append(f"{v} N={N} P={P} B={B} H={H}: FAILED the check, not timed: {exc}")
                 continue
-            fns = [lambda s=s, v=v: attention.verify_attention(s[0], s[1], pl, tree, SCALE, v, check_values=False)
-                   for s in sets]
+            fns = [lambda s=s, v=v: _call(v, s[0], s[1], pl, tree) for s in sets]
             for t in _timings(fns, device, quick):
                 rows.append({"kernel": "verify_attention", "variant": v, "q_len": N, "prefix": P, "batch": B,
                              "heads": H, "tree_visible": tree_visible, "sets": n_sets, **t.as_dict(),

@@ -72,8 +72,8 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     Parameters
     ----------
     variant : str
-        ``naive``, ``cascade``, ``fused``, ``torch``; other names get the minimum bytes and a
-        note saying no byte model exists for them.
+        ``naive``, ``cascade``, ``fused`` (or ``fused_*``), ``torch``; other names get the
+        minimum bytes and a note saying no byte model exists for them.
     batch, nodes, heads, prefix : int
         B, N (= budget + 1 = q_len), H (heads on this GPU) and P (prefix length).
     tree_visible : float, optional
@@ -107,7 +107,7 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         moved = bytes_min + 2 * partials               # written by the passes, read by the merge
         return Cost(flops, bytes_min, moved, "tensor", 3,
                     "prefix pass + tree pass + lse merge (3 launches, fp32 partials)")
-    if variant == "fused":
+    if variant.startswith("fused"):                   # fused and its kernel-forced forms (fused_mma)
         return Cost(flops, bytes_min, bytes_min, "tensor", 1, "single pass on tensor cores")
     if variant == "torch":
         scores = batch * heads * nodes * (prefix + nodes) * 4
