@@ -349,3 +349,14 @@ def test_variants_are_found_by_name_at_run_time(monkeypatch):
     assert "shiny" in runnable_variants(torch.device("cpu"))      # not declared CUDA-only
     with pytest.raises(ValueError, match="bogus"):
         runnable_variants(torch.device("cpu"), ["bogus"])
+
+
+def test_ideal_roof_is_the_fastest_compute_unit():
+    cpu = Ceilings(device="CPU (test)", kind="cpu", hbm_bw=1e10, l2_bw=5e10, tensor_flops=1e9, fp32_flops=8e10,
+                   launch_eager_us=7.0, launch_graph_us=float("nan"))
+    cost = models.verify_attention_cost("torch", batch=1, nodes=33, heads=8, prefix=4096)
+    t, roof = roofline.ideal_time(cost, cpu, "host")
+    assert roof == "fp32" and t == pytest.approx(cost.flops / 8e10 * 1e6)
+    assert roofline.ideal_time(cost, H200, "graph")[1] == "tensor"
+    lines = roofline.roof_lines(cpu)
+    assert lines[lines.roof == "hbm"]["flops"].max() == pytest.approx(8e10)

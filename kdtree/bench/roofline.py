@@ -60,9 +60,11 @@ def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str) -> dict[str, 
 
 
 def ideal_time(cost: Cost, ceilings: Ceilings, mode: str) -> tuple[float, str]:
-    """Best time any variant could reach in ``mode``: the largest of the tensor-core time of the
-    FLOPs, the HBM time of the minimum bytes, and one launch."""
-    times = {"tensor": cost.flops / ceilings.tensor_flops * 1e6, "hbm": cost.bytes_min / ceilings.hbm_bw * 1e6,
+    """Best time any variant could reach in ``mode``: the largest of the FLOPs on the fastest
+    compute unit (the tensor cores on a GPU), the minimum bytes from HBM, and one launch."""
+    unit = "tensor" if not ceilings.fp32_flops > ceilings.tensor_flops else "fp32"   # the faster unit
+    rate = ceilings.tensor_flops if unit == "tensor" else ceilings.fp32_flops
+    times = {unit: cost.flops / rate * 1e6, "hbm": cost.bytes_min / ceilings.hbm_bw * 1e6,
              "launch": ceilings.launch_us(mode)}
     times = {k: v for k, v in times.items() if math.isfinite(v)}
     roof = max(times, key=times.get)
@@ -157,13 +159,14 @@ def roof_lines(ceilings: Ceilings, intensities: np.ndarray | None = None) -> pd.
     """Attainable FLOP/s per roof over a range of intensities (FLOP/byte), for plotting.
 
     Returns tidy rows: roof, intensity, flops. Memory roofs are bandwidth x intensity capped
-    by the tensor-core rate; compute roofs are flat.
+    by the fastest compute rate; compute roofs are flat.
     """
     x = np.logspace(-2, 4, 121) if intensities is None else np.asarray(intensities, dtype=float)
+    peak = np.nanmax([ceilings.tensor_flops, ceilings.fp32_flops])
     rows = []
     for roof, bw in (("hbm", ceilings.hbm_bw), ("l2", ceilings.l2_bw)):
         if math.isfinite(bw):
-            rows += [{"roof": roof, "intensity": i, "flops": min(bw * i, ceilings.tensor_flops)} for i in x]
+            rows += [{"roof": roof, "intensity": i, "flops": min(bw * i, peak)} for i in x]
     for roof, rate in (("tensor", ceilings.tensor_flops), ("fp32", ceilings.fp32_flops)):
         if math.isfinite(rate):
             rows += [{"roof": roof, "intensity": i, "flops": rate} for i in (x[0], x[-1])]
