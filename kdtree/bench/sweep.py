@@ -51,10 +51,6 @@ class Point:
     notebook: str          # path relative to the root
     params: dict           # parameters passed to papermill (run paths excluded)
 
-    @property
-    def stem(self) -> str:
-        return Path(self.notebook).stem
-
 
 def load_spec(path: str | Path) -> dict:
     """Read and check a sweep file; returns the spec with ``root`` resolved to a Path.
