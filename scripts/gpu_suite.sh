@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The GPU suite in one call on a GPU host: every GPU test (compute-sanitizer runs included),
+# the wgmma kernel's correctness tests (opt-in kernel), then the tree benchmark.
+# Usage: bash scripts/gpu_suite.sh [OUT_DIR]; logs and tables land in OUT_DIR.
+set -uo pipefail
+out=${1:-${OUT:-/tmp/kdtree_out}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+timeout 400 python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | grep -vE "Warning|warn|^  " | tail -12
+KDTREE_FUSED_IMPL=wgmma timeout 150 python3 -m pytest -q -m gpu -k "wgmma and not sanitizer" tests/test_attention.py \
+    2>&1 | tee "$out/gpu_tests_wgmma.log" | tail -4
+timeout 200 python3 -m kdtree.cli bench tree --out results/tree_bench_h200 2>&1 | grep -v "bench tree:" | tee "$out/bench_tree.log"
+cp results/tree_bench_h200.* "$out/" 2>/dev/null
