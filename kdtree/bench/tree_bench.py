@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 import kdtree
 from kdtree.bench.results import run_metadata, save_table
