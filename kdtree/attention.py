@@ -10,9 +10,9 @@ Variants (all selectable by name, see ``verify_attention``):
 * ``cascade``: the fused kernel over the prefix only (split across SMs), again over the tree rows
   only, then an lse merge: the two-pass scheme serving stacks use.
 * ``fused``: one pass over each latent row per tile of 64 (query, head) rows on bf16 tensor cores,
-  the ancestor mask applied in the same pass, long prefixes split across SMs and merged. It runs
-  the mma.sync kernel (``cuda/verify_attention.cu``, NVRTC); a wgmma kernel for sm_90a
-  (``cuda/verify_attention_wgmma.cu``) is opt-in, see ``fused_impl``.
+  the ancestor mask applied in the same pass, long prefixes split across SMs and merged. On
+  sm_90 with nvcc it runs the wgmma kernel (``cuda/verify_attention_wgmma.cu``, sm_90a);
+  elsewhere the mma.sync kernel (``cuda/verify_attention.cu``, NVRTC); see ``fused_impl``.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 
 ``selfcheck()`` runs every CUDA variant on small cases against the float64 reference
@@ -147,21 +147,23 @@ def _kernel(name: str, index: int, src: str = _SRC, compiler: str = "nvrtc"):
 
 @functools.lru_cache(maxsize=None)
 def fused_impl(index: int) -> str:
-    """The fused kernel a device runs: ``mma`` (mma.sync, NVRTC), the one verified on an H200.
+    """The fused kernel a device runs: ``wgmma`` on sm_90 when nvcc is there, else ``mma``.
 
-    ``KDTREE_FUSED_IMPL=wgmma`` opts into the wgmma kernel (sm_90 and nvcc needed); it compiles
-    to 40 HGMMA per tile but has not yet run on a GPU, so it stays opt-in until the GPU suite
-    (``KDTREE_FUSED_IMPL=wgmma bash scripts/gpu_attention.sh``) has passed with it.
+    Both passed the GPU suite and compute-sanitizer on an H200; wgmma (sm_90a, built by nvcc)
+    is 1.4x the mma.sync kernel at B=1, N=33, P=4096 (docs/perf_log.md). The environment
+    variable ``KDTREE_FUSED_IMPL`` (``mma`` or ``wgmma``) overrides the choice.
     """
     import shutil
 
-    forced = os.environ.get("KDTREE_FUSED_IMPL", "mma")
+    have_nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+    sm90 = torch.cuda.get_device_capability(index) == (9, 0)
+    forced = os.environ.get("KDTREE_FUSED_IMPL")
+    if forced is None:
+        return "wgmma" if sm90 and have_nvcc else "mma"
     if forced not in FUSED_IMPLS:
         raise ValueError(f"KDTREE_FUSED_IMPL: expected one of {FUSED_IMPLS}, got {forced!r}")
-    if forced == "wgmma":
-        have_nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
-        if torch.cuda.get_device_capability(index) != (9, 0) or not have_nvcc:
-            raise ValueError("KDTREE_FUSED_IMPL=wgmma: needs an sm_90 GPU and nvcc (for sm_90a)")
+    if forced == "wgmma" and not (sm90 and have_nvcc):
+        raise ValueError("KDTREE_FUSED_IMPL=wgmma: needs an sm_90 GPU and nvcc (for sm_90a)")
     return forced
 
 
