@@ -3,10 +3,12 @@ regression reports comparing two runs.
 
 Pages are nbconvert's lab template without input cells and without any network fetch: the
 template (``templates/kdtree_report``) drops require.js, MathJax and mermaid and loads the one
-shared ``reports/plotly.min.js``. Layout::
+shared ``reports/plotly.min.js`` and ``reports/notebook.css`` (the lab theme, linked rather than
+inlined in every page). Layout::
 
     reports/index.html                 every run and comparison
     reports/plotly.min.js              shared by all pages
+    reports/notebook.css               shared by all notebook pages
     reports/<run-id>/index.html        the run's summary notebook, with links to the pages below
     reports/<run-id>/<notebook>/<point>.html
     reports/compare-<a>-vs-<b>/index.html
@@ -28,6 +30,7 @@ from kdtree.bench.sweep import combine_results, read_manifest, summary
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PLOTLY_JS = "plotly.min.js"
+NOTEBOOK_CSS = "notebook.css"
 SUMMARY_NOTEBOOK = "99_summary.ipynb"
 # Columns that hold measurements or what is derived from them; every other common column is a key.
 MEASURED = {"median_us", "p20_us", "p80_us", "reps", "point", *ROOF_COLUMNS}
@@ -54,7 +57,22 @@ def write_plotly_js(reports_root: str | Path) -> Path:
     return path
 
 
-def notebook_html(notebook: str | Path, out: str | Path, plotly_src: str, nav_html: str = "") -> Path:
+def write_assets(reports_root: str | Path) -> None:
+    """Write the files every page shares: plotly.js and the lab theme's CSS."""
+    from jupyter_core.paths import jupyter_path
+
+    write_plotly_js(reports_root)
+    static = next((Path(d) / "lab" / "static" for d in jupyter_path("nbconvert", "templates")
+                   if (Path(d) / "lab" / "static" / "index.css").exists()), None)
+    if static is None:
+        raise FileNotFoundError("nbconvert's lab template (static/index.css) is not installed")
+    css = (static / "index.css").read_text() + "\n" + (static / "theme-light.css").read_text()
+    path = Path(reports_root) / NOTEBOOK_CSS
+    if not path.exists() or path.read_text() != css:
+        path.write_text(css)
+
+
+def notebook_html(notebook: str | Path, out: str | Path, assets: str, nav_html: str = "") -> Path:
     """Render an executed notebook to HTML without input cells, offline.
 
     Parameters
@@ -63,19 +81,24 @@ def notebook_html(notebook: str | Path, out: str | Path, plotly_src: str, nav_ht
         The executed ``.ipynb``.
     out : path
         The HTML file to write.
-    plotly_src : str
-        URL of the local plotly.js, relative to ``out``.
+    assets : str
+        Relative URL from ``out`` to the reports root, where plotly.js and the CSS live ("../").
     nav_html : str
         HTML inserted at the top of the page (links to the other pages of the run).
     """
     import nbformat
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="kdtree_report", extra_template_basedirs=[str(TEMPLATES)],
+    from traitlets.config import Config
+
+    # Input cells are excluded, so the per-page pygments stylesheet (CSSHTMLHeaderPreprocessor)
+    # would only repeat itself on every page.
+    cfg = Config({"CSSHTMLHeaderPreprocessor": {"enabled": False}})
+    exporter = HTMLExporter(config=cfg, template_name="kdtree_report", extra_template_basedirs=[str(TEMPLATES)],
                             exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     nb = nbformat.read(str(notebook), as_version=4)
     body, _ = exporter.from_notebook_node(
-        nb, resources={"plotly_src": plotly_src, "nav_html": nav_html,
+        nb, resources={"plotly_src": assets + PLOTLY_JS, "css_href": assets + NOTEBOOK_CSS, "nav_html": nav_html,
                        "metadata": {"name": Path(notebook).stem}})
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -154,7 +177,7 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
     run_id = manifest["run_id"]
     reports_root = Path(reports_root)
     out = reports_root / run_id
-    write_plotly_js(reports_root)
+    write_assets(reports_root)
     summary_nb = Path(summary_notebook) if summary_notebook else _repo_notebook(manifest, SUMMARY_NOTEBOOK)
     executed = run_dir / "summary.ipynb"
     pm.execute_notebook(str(summary_nb), str(executed), parameters={"run_dir": "."}, cwd=str(run_dir),
@@ -162,9 +185,9 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
     for pid, e in manifest["points"].items():
         if e.get("status") in ("ok", "failed") and (run_dir / e["output"]).exists():
             depth = pid.count("/") + 1
-            notebook_html(run_dir / e["output"], out / f"{pid}.html", "../" * depth + PLOTLY_JS,
+            notebook_html(run_dir / e["output"], out / f"{pid}.html", "../" * depth,
                           _nav(run_id, manifest, depth))
-    index = notebook_html(executed, out / "index.html", "../" + PLOTLY_JS, _nav(run_id, manifest, 0))
+    index = notebook_html(executed, out / "index.html", "../", _nav(run_id, manifest, 0))
     meta = manifest.get("metadata", {})
     (out / "run.json").write_text(json.dumps({"run_id": run_id, "device": meta.get("device"),
                                               "date": meta.get("date"), "git_sha": meta.get("git_sha"),

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -12,7 +13,12 @@ import torch
 
 
 def git_sha() -> str:
-    """Short sha of the checkout (``+dirty`` when it has uncommitted changes), or ``unknown``."""
+    """Short sha of the checkout (``+dirty`` when it has uncommitted changes), or ``unknown``.
+
+    ``KDTREE_GIT_SHA`` overrides it, for copies of a checkout without ``.git`` (GPU hosts).
+    """
+    if os.environ.get("KDTREE_GIT_SHA"):
+        return os.environ["KDTREE_GIT_SHA"]
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
