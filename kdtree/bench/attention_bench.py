@@ -24,6 +24,7 @@ import torch
 
 from kdtree.attention import (D_QK, D_V, _run_cuda, choose_splits, errors, fused_impl, random_parents,
                               reference_attention, verify_attention)
+from kdtree.bench import ceilings
 from kdtree.bench.results import run_metadata, save_table
 from kdtree.bench.timing import time_events, time_graph
 from kdtree.tree import Tree
@@ -37,22 +38,12 @@ VARIANTS = ("fused", "fused_mma", "cascade", "naive", "torch")
 SKIP_MS = 40.0  # naive / torch predicted slower than this per call are not timed at that point
 
 
-def _copy_bandwidth(device) -> float:
-    x = torch.empty(1 << 30, dtype=torch.bfloat16, device=device).normal_()
-    y = torch.empty_like(x)
-    t = time_events([lambda: y.copy_(x)], reps=30, warmup=5).median_us * 1e-6
-    return 2 * x.numel() * 2 / t
-
-
 def measure_ceilings(device) -> dict:
-    """HBM copy bandwidth (read + write, 2 GiB) and dense bf16 matmul rate (8192^3, random)."""
-    copy_bw = _copy_bandwidth(device)  # its 4 GiB of buffers are freed before the matmul
-    n = 8192
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    t = time_events([lambda: a @ b], reps=30, warmup=5).median_us * 1e-6
+    """The run's measured ceilings (``kdtree.bench.ceilings``) under the keys this table uses:
+    HBM copy bandwidth (read + write), dense bf16 matmul rate, L2 size, SM count."""
+    c = ceilings.measure_ceilings(device=str(torch.device(device).type))
     props = torch.cuda.get_device_properties(device)
-    return {"copy_bw": copy_bw, "bf16_flops": 2 * n ** 3 / t, "l2_bytes": props.L2_cache_size,
+    return {"copy_bw": c.hbm_bw, "bf16_flops": c.tensor_flops, "l2_bytes": props.L2_cache_size,
             "sms": props.multi_processor_count}
 
 
