@@ -1,0 +1,16 @@
+"""The torch engine: an MLA + MoE target model with random weights, its latent KV cache, a
+synthetic block drafter, and the greedy DDTree decode loop (lossless against autoregressive
+decoding). Imported as ``kdtree.engine``; ``kdtree`` itself does not re-export it.
+"""
+from kdtree.engine.cache import KVCache, allocate_cache
+from kdtree.engine.config import (DRAFTER_PRESETS, MODEL_PRESETS, DrafterConfig, ModelConfig,
+                                  get_config, get_drafter_config, tp_slice)
+from kdtree.engine.ddtree import (DecodeState, Generation, ar_step, chain_tree, ddtree_step, generate,
+                                  prefill)
+from kdtree.engine.drafter import Drafter, SyntheticDrafter
+from kdtree.engine.model import Transformer, build_model, latent_attention, visibility_mask
+
+__all__ = ["DRAFTER_PRESETS", "MODEL_PRESETS", "DecodeState", "Drafter", "DrafterConfig", "Generation",
+           "KVCache", "ModelConfig", "SyntheticDrafter", "Transformer", "allocate_cache", "ar_step",
+           "build_model", "chain_tree", "ddtree_step", "generate", "get_config", "get_drafter_config",
+           "latent_attention", "prefill", "tp_slice", "visibility_mask"]

@@ -1,0 +1,177 @@
+"""The drafter interface and a synthetic block drafter whose acceptance is a parameter.
+
+A block drafter proposes, in one forward pass, a distribution over the vocabulary for each of
+the L positions after the root (the previous bonus token); the decode loop turns that into
+per-position top-K log-probs with ``kdtree.topk_logprobs`` and builds the tree from them.
+
+``SyntheticDrafter`` is **synthetic**: it is handed the target's true greedy continuation
+(``set_reference``) and mixes it with noise, so the acceptance rate is a knob rather than a
+property of a trained model. Its cost is real, though: every call runs a small transformer of
+configurable size (``DrafterConfig``) over the L + 1 block positions plus an LM head over the
+full vocabulary, so both acceptance and drafter time are realistic in the step breakdown.
+
+How the draft distribution is made. The transformer's logits only pick *which* tokens fill the
+ranks (its top-R candidates). The probabilities come from a fixed profile: rank 0 gets
+``accuracy``, rank r >= 1 gets ``(1 - accuracy) (1 - spread) spread^(r - 1)``, and the tokens
+past rank R share what is left. The true token is then swapped into rank r with probability
+equal to that rank's mass, so the drafter is calibrated: its stated probabilities are the
+probabilities of being right. Which rank the true token takes is a hash of (seed, sequence,
+output index, draft offset), stateless and identical under CUDA-graph replay.
+"""
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kdtree.engine.config import DrafterConfig
+from kdtree.engine.model import RMSNorm, SwiGLU
+
+_M32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # < 2**27, so products of 32-bit values stay inside int64
+
+
+class Drafter(Protocol):
+    """What the DDTree loop needs from a drafter."""
+
+    draft_len: int
+
+    def draft(self, root: torch.Tensor, positions: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, vocab] for the L tokens after ``root`` [B].
+
+        ``positions`` [B] is the root's position (the committed cache length) and ``generated``
+        [B] how many tokens each sequence has produced, the root included. Must not synchronise
+        with the host (the step is captured in a CUDA graph).
+        """
+        ...
+
+
+def hash_uniform(seed: int, *keys: torch.Tensor) -> torch.Tensor:
+    """Uniform floats in (0, 1), a stateless hash of ``seed`` and integer tensors ``keys`` (broadcast)."""
+    x = torch.full((), seed & _M32, dtype=torch.int64, device=keys[0].device)
+    for key in keys:
+        x = ((x ^ (key.long() & _M32)) * _MIX) & _M32
+        x = ((x ^ (x >> 16)) * _MIX) & _M32
+    x = x ^ (x >> 16)
+    return (x.double() + 0.5) / 2.0 ** 32
+
+
+def rank_profile(accuracy: float, spread: float, ranks: int, vocab: int) -> torch.Tensor:
+    """Log-probabilities [ranks + 1]: the profile's ranks 0..ranks-1, then one tail token's value."""
+    p = [accuracy] + [(1 - accuracy) * (1 - spread) * spread ** (r - 1) for r in range(1, ranks)]
+    tail = max(1.0 - sum(p), 1e-30) / max(vocab - ranks, 1)
+    return torch.tensor([math.log(v) for v in p] + [math.log(tail)], dtype=torch.float64)
+
+
+class DraftBlock(nn.Module):
+    """Pre-norm transformer block with bidirectional attention inside the draft block."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.heads = cfg.n_heads
+        self.norm1, self.norm2 = RMSNorm(cfg.dim, 1e-6), RMSNorm(cfg.dim, 1e-6)
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.out = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.ffn = SwiGLU(cfg.dim, cfg.inter_dim)
+
+    def forward(self, x):
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.heads, D // self.heads).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        x = x + self.out(a.transpose(1, 2).reshape(B, T, D))
+        return x + self.ffn(self.norm2(x))
+
+
+class SyntheticDrafter(nn.Module):
+    """A synthetic block drafter: real transformer cost, acceptance set by ``accuracy``.
+
+    Parameters
+    ----------
+    cfg : DrafterConfig
+        Size of the drafter transformer and L = ``cfg.draft_len``.
+    vocab_size : int
+        The target's vocabulary.
+    accuracy : float in (0, 1)
+        Probability that the true next token is the drafter's top choice at each position.
+    spread : float in (0, 1)
+        Geometric ratio of the remaining ranks' probabilities: how often a miss is near the top.
+    ranks : int
+        R, ranks with explicit probabilities (the rest share the tail); capped at vocab - 1.
+    seed : int
+        Seeds the random weights and the rank hash.
+    device, dtype
+        Where the drafter runs.
+    """
+
+    def __init__(self, cfg: DrafterConfig, vocab_size: int, accuracy: float = 0.8, spread: float = 0.5,
+                 ranks: int = 64, seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32):
+        super().__init__()
+        for name, value in (("accuracy", accuracy), ("spread", spread)):
+            if not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+                raise ValueError(f"{name}: expected a number in (0, 1), got {value!r}")
+        if not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ValueError(f"vocab_size: expected an int >= 2, got {vocab_size!r}")
+        if not isinstance(ranks, int) or ranks < 1:
+            raise ValueError(f"ranks: expected a positive int, got {ranks!r}")
+        self.draft_len, self.seed = cfg.draft_len, seed
+        self.ranks = min(ranks, vocab_size - 1)
+        gen = torch.Generator(device=device).manual_seed(seed)
+        with torch.device("meta"):
+            self.embed = nn.Embedding(vocab_size, cfg.dim)
+            self.pos = nn.Parameter(torch.empty(cfg.draft_len + 1, cfg.dim))
+            self.blocks = nn.ModuleList(DraftBlock(cfg) for _ in range(cfg.n_layers))
+            self.norm = RMSNorm(cfg.dim, 1e-6)
+            self.head = nn.Linear(cfg.dim, vocab_size, bias=False)
+        self.to(dtype).to_empty(device=device)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "norm" in name:
+                    p.fill_(1.0)
+                else:  # N(0, 1) embeddings, N(0, 1 / fan_in) elsewhere: O(1) activations
+                    p.normal_(0.0, 1.0 if name == "embed.weight" else p.shape[-1] ** -0.5, generator=gen)
+        profile = rank_profile(accuracy, spread, self.ranks, vocab_size)
+        self.register_buffer("profile", profile.to(device=device, dtype=torch.float32), persistent=False)
+        self.register_buffer("cdf", profile[:self.ranks].exp().cumsum(0).to(device), persistent=False)
+        self.register_buffer("reference", torch.full((1, 1), -1, dtype=torch.int64, device=device),
+                             persistent=False)
+        self.requires_grad_(False).eval()
+
+    def set_reference(self, tokens: torch.Tensor) -> None:
+        """The target's greedy continuation [B, T] (generated index 0 = the first new token); -1 pads."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            raise ValueError("tokens: expected an integer tensor [B, T] of the target's continuation")
+        self.reference = tokens.to(device=self.profile.device, dtype=torch.int64).contiguous()
+
+    @torch.no_grad()
+    def draft(self, root: torch.Tensor, positions: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, vocab] (see ``Drafter.draft``); needs ``set_reference`` for the true tokens."""
+        B, L, R = root.shape[0], self.draft_len, self.ranks
+        ref = self.reference
+        if ref.shape[0] != B:
+            raise ValueError(f"root: batch {B} does not match the reference's {ref.shape[0]} rows "
+                             "(call set_reference first)")
+        x = self.embed(root)[:, None] + self.pos                          # [B, L + 1, dim]
+        for block in self.blocks:
+            x = block(x)
+        noise = self.head(self.norm(x[:, 1:])).float()                    # [B, L, V]
+        cand = noise.topk(R, dim=-1).indices                              # who fills ranks 0..R-1
+        out = self.profile[R].expand_as(noise).clone()
+        out.scatter_(2, cand, self.profile[:R].expand(B, L, R))
+        # The true token of output index generated - 1 + k, and the rank it is drawn into.
+        k = torch.arange(1, L + 1, device=root.device)
+        j = generated.long()[:, None] - 1 + k                             # [B, L]
+        true = ref.gather(1, j.clamp(max=ref.shape[1] - 1))
+        known = (j < ref.shape[1]) & (true >= 0)
+        true = true.clamp_min(0)[..., None]
+        u = hash_uniform(self.seed, torch.arange(B, device=root.device)[:, None], j, k)
+        rank = torch.searchsorted(self.cdf, u)                             # R means the tail
+        mine = out.gather(2, true)                                        # the true token's value now
+        theirs = self.profile[rank][..., None]                            # the value it is given
+        partner = cand.gather(2, rank.clamp(max=R - 1)[..., None])        # token now holding that rank
+        swap = (known & (rank < R))[..., None]
+        out.scatter_(2, partner, torch.where(swap, mine, out.gather(2, partner)))
+        out.scatter_(2, true, torch.where(known[..., None], theirs, mine))
+        return out

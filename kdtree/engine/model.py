@@ -1,0 +1,275 @@
+"""A DeepSeek-V3 / Kimi K2 style decoder with random weights: MLA attention and an MoE FFN.
+
+One forward function serves every mode, because every mode is a tree: prefill is a chain over
+the prompt at prefix 0, autoregressive decode is a one-node tree, and DDTree verify is the
+draft tree. Node i of a tree sits at position ``prefix_len + depth[i]``, writes its latent KV
+row at cache row ``prefix_len + i``, and attends to the whole prefix plus the tree rows its
+visibility bitmask marks (its ancestors and itself).
+
+Attention runs in the weight-absorbed form that decode-time MLA uses: the key up-projection is
+folded into the query (``q_nope @ W_UK`` per head, 512 wide for Kimi K2) and the value
+up-projection applied after attention, so every head attends over the shared 576-wide latent
+rows. Two implementations of that attention, picked per call by ``use_kernel``:
+
+* ``kdtree.verify_attention`` (bf16 CUDA tensors at the kernels' shapes: latent 576, heads in
+  8..128, at most 1025 nodes), the code path the workbook measures;
+* ``latent_attention`` here, in float32 for any shape, device and dtype. It is what makes the
+  CPU lossless test exact, and the fallback for shapes the kernels do not take.
+
+Both take their mask from the same place: ``visibility_mask`` expands ``Tree.visibility``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kdtree.attention import D_QK, HEADS, MAX_NODES, verify_attention
+from kdtree.engine.cache import KVCache
+from kdtree.engine.config import ModelConfig
+from kdtree.tree import Tree
+
+
+def visibility_mask(visibility: torch.Tensor, prefix_lens: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Which cache rows each tree node may attend to, as a boolean [B, N, kv_len] mask.
+
+    Parameters
+    ----------
+    visibility : int64 [B, N, ceil(N / 64)]
+        ``Tree.visibility``: bit j of row i is set iff node j is an ancestor of node i or i.
+    prefix_lens : int [B]
+        The tree rows of sequence b sit at cache rows ``prefix_lens[b] + j``.
+    kv_len : int
+        Cache rows to cover.
+
+    Returns
+    -------
+    bool tensor [B, N, kv_len]
+        True for every prefix row and for the tree rows of visible nodes; False elsewhere (rows
+        past the tree, invisible nodes). No host synchronisation, so it can be graph-captured.
+    """
+    B, N, _ = visibility.shape
+    dev = visibility.device
+    bits = (visibility[..., None] >> torch.arange(64, device=dev)) & 1          # [B, N, W, 64]
+    bits = bits.reshape(B, N, -1)[:, :, :N].bool()                              # [B, N, N]
+    j = torch.arange(kv_len, device=dev)[None, :] - prefix_lens.long()[:, None]  # tree index [B, S]
+    in_tree = (j >= 0) & (j < N)
+    seen = torch.gather(bits, 2, j.clamp(0, N - 1)[:, None, :].expand(B, N, kv_len))
+    return (j < 0)[:, None, :] | (in_tree[:, None, :] & seen)
+
+
+def latent_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
+                     v_dim: int) -> torch.Tensor:
+    """Masked absorbed-MLA attention in float32: q [B, N, H, D] over kv [B, S, D] -> [B, N, H, v_dim].
+
+    Values are the first ``v_dim`` entries of each latent row. A row that sees nothing (a
+    padding node with an empty prefix) gets zeros rather than NaN, as the kernels do.
+    """
+    s = torch.einsum("bnhd,bsd->bnhs", q.float(), kv.float()) * scale
+    s = s.masked_fill(~mask[:, :, None, :], float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - torch.where(torch.isfinite(m), m, 0.0))
+    o = torch.einsum("bnhs,bsd->bnhd", p, kv[..., :v_dim].float())
+    return (o / p.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)).to(q.dtype)
+
+
+def use_kernel(q: torch.Tensor) -> bool:
+    """Whether ``kdtree.verify_attention`` takes this absorbed query [B, N, H, D]."""
+    _, N, H, D = q.shape
+    return q.is_cuda and q.dtype == torch.bfloat16 and D == D_QK and H in HEADS and N <= MAX_NODES
+
+
+def inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
+    """Rotary frequencies theta^(-2i / r) of the r = qk_rope_dim rotary dims, float32."""
+    half = torch.arange(0, cfg.qk_rope_dim, 2, dtype=torch.float32, device=device)
+    return cfg.rope_theta ** -(half / cfg.qk_rope_dim)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of x [B, N, ..., r] at positions [B, N]."""
+    ang = positions.float()[..., None] * inv_freq                   # [B, N, r/2]
+    while ang.dim() < x.dim():
+        ang = ang.unsqueeze(-2)
+    cos, sin = ang.cos(), ang.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class MLA(nn.Module):
+    """Multi-head latent attention, run absorbed over the latent cache."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, r = cfg.n_heads, cfg.kv_lora_rank
+        self.wq_a = nn.Linear(cfg.dim, cfg.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.norm_eps)
+        self.wq_b = nn.Linear(cfg.q_lora_rank, H * (cfg.qk_nope_dim + cfg.qk_rope_dim), bias=False)
+        self.wkv_a = nn.Linear(cfg.dim, r + cfg.qk_rope_dim, bias=False)
+        self.kv_norm = RMSNorm(r, cfg.norm_eps)
+        self.wkv_b = nn.Linear(r, H * (cfg.qk_nope_dim + cfg.v_head_dim), bias=False)
+        self.wo = nn.Linear(H * cfg.v_head_dim, cfg.dim, bias=False)
+        self.register_buffer("inv_freq", inv_freq(cfg), persistent=False)
+
+    def forward(self, x, positions, kv, prefix_lens, tree: Tree):
+        """x [B, N, dim] at positions [B, N]; writes rows into kv [B, S, latent]; returns [B, N, dim]."""
+        cfg = self.cfg
+        B, N, _ = x.shape
+        H, r, nope = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim
+        q = self.wq_b(self.q_norm(self.wq_a(x))).view(B, N, H, nope + cfg.qk_rope_dim)
+        q_nope, q_rope = q.split([nope, cfg.qk_rope_dim], dim=-1)
+        c, k_rope = self.wkv_a(x).split([r, cfg.qk_rope_dim], dim=-1)
+        row = torch.cat((self.kv_norm(c), rope(k_rope, positions, self.inv_freq)), dim=-1)
+        dest = (prefix_lens[:, None] + torch.arange(N, device=x.device))[..., None]
+        kv.scatter_(1, dest.expand(B, N, cfg.latent_dim), row.to(kv.dtype))
+        # Absorption: q_nope . (W_UK c) == (q_nope W_UK) . c, so the key never leaves the latent.
+        w = self.wkv_b.weight.view(H, nope + cfg.v_head_dim, r)
+        q_abs = torch.einsum("bnhd,hdr->bnhr", q_nope, w[:, :nope])
+        qa = torch.cat((q_abs, rope(q_rope, positions, self.inv_freq)), dim=-1).to(kv.dtype)
+        if use_kernel(qa):
+            o_lat, _ = verify_attention(qa.contiguous(), kv, prefix_lens, tree, cfg.softmax_scale,
+                                        check_values=False)
+        else:
+            mask = visibility_mask(tree.visibility, prefix_lens, kv.shape[1])
+            o_lat = latent_attention(qa, kv, mask, cfg.softmax_scale, r)
+        o = torch.einsum("bnhr,hvr->bnhv", o_lat.to(x.dtype), w[:, nope:])
+        return self.wo(o.reshape(B, N, H * cfg.v_head_dim))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, inter: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, inter, bias=False)
+        self.w3 = nn.Linear(dim, inter, bias=False)
+        self.w2 = nn.Linear(inter, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows ``offs[e-1]:offs[e]`` of x [T, in] times expert e's weight w [E, out, in], transposed.
+
+    ``torch._grouped_mm`` (static shapes, no host sync: graph-capturable) runs on CPU and on
+    bf16 CUDA tensors; other CUDA dtypes take a masked loop over the experts (every row through
+    every expert, the same result at E times the FLOPs).
+    """
+    if x.device.type == "cpu" or x.dtype == torch.bfloat16:
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    row = torch.arange(x.shape[0], device=x.device)[:, None]
+    start = torch.cat((offs.new_zeros(1), offs[:-1]))
+    out = x.new_zeros(x.shape[0], w.shape[1])
+    for e in range(w.shape[0]):
+        out += torch.where((row >= start[e]) & (row < offs[e]), x @ w[e].T, 0)
+    return out
+
+
+class MoE(nn.Module):
+    """DeepSeek-V3 routing: sigmoid scores, top-k experts, renormalised weights, plus shared experts."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.k, self.scale = cfg.n_active_experts, cfg.routed_scale
+        E, d, h = cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim
+        self.gate = nn.Linear(d, E, bias=False)
+        self.w1, self.w3 = nn.Parameter(torch.empty(E, h, d)), nn.Parameter(torch.empty(E, h, d))
+        self.w2 = nn.Parameter(torch.empty(E, d, h))
+        self.shared = SwiGLU(d, h * cfg.n_shared_experts) if cfg.n_shared_experts else None
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        T, E = x.shape[0], self.w1.shape[0]
+        scores = torch.sigmoid(self.gate(x).float())
+        weight, expert = scores.topk(self.k, dim=-1)
+        weight = weight / weight.sum(-1, keepdim=True) * self.scale
+        # Sort the (token, slot) pairs by expert so each expert sees one contiguous run of rows.
+        flat = expert.flatten()
+        order = flat.argsort(stable=True)
+        counts = (flat[:, None] == torch.arange(E, device=x.device)).sum(0)
+        offs = counts.cumsum(0).to(torch.int32)
+        xs = x[order // self.k]
+        h = F.silu(grouped_linear(xs, self.w1, offs)) * grouped_linear(xs, self.w3, offs)
+        ys = grouped_linear(h, self.w2, offs) * weight.flatten()[order, None].to(x.dtype)
+        # Un-sort and sum each token's k slots: deterministic, unlike an atomic index_add.
+        y = torch.empty_like(ys).index_copy_(0, order, ys).view(T, self.k, -1).sum(1)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        return y.view(shape)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm, self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps), RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = MLA(cfg)
+        self.ffn = SwiGLU(cfg.dim, cfg.inter_dim) if layer < cfg.first_dense else MoE(cfg)
+
+    def forward(self, x, positions, kv, prefix_lens, tree):
+        x = x + self.attn(self.attn_norm(x), positions, kv, prefix_lens, tree)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """The target model. ``forward`` runs one tree (chain, single node or draft tree) per sequence."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+
+    def forward(self, tokens: torch.Tensor, tree: Tree, cache: KVCache) -> torch.Tensor:
+        """Logits [B, N, vocab] of the tree nodes ``tokens`` [B, N] (padding nodes may hold -1).
+
+        Node i sits at position ``cache.lengths + tree.depth[:, i]`` and its latent rows go to
+        cache row ``cache.lengths + i`` of every layer; ``cache.lengths`` is left unchanged
+        (committing rows is the decode loop's business). Padding nodes produce ignored logits.
+        """
+        prefix = cache.lengths
+        positions = prefix[:, None] + tree.depth.clamp_min(0)
+        x = self.embed(tokens.clamp_min(0))
+        for layer, block in enumerate(self.layers):
+            x = block(x, positions, cache.kv[layer], prefix, tree)
+        return self.head(self.norm(x))
+
+
+@torch.no_grad()
+def build_model(cfg: ModelConfig, seed: int = 0, device="cpu",
+                dtype: torch.dtype = torch.float32) -> Transformer:
+    """The target model with random weights drawn on ``device`` from a generator seeded ``seed``.
+
+    Linear and expert weights are N(0, 1 / fan_in), so activations and logits stay O(1) at any
+    width; embeddings N(0, 1); norms 1. Nothing is downloaded. The same seed gives the same
+    weights on the same device type (CPU and CUDA generators differ).
+    """
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name == "embed.weight":
+            p.normal_(0.0, 1.0, generator=gen)
+        else:
+            p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+    for mod in model.modules():
+        if isinstance(mod, MLA):  # to_empty left the (float32) buffer uninitialised
+            mod.inv_freq = inv_freq(cfg, device)
+    return model.eval().requires_grad_(False)
