@@ -1,0 +1,218 @@
+"""CPU tests of the torch engine (float32): the model's math, the drafter, and the lossless loop."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kdtree.attention import HEADS, random_case, reference_attention
+from kdtree.engine import (MODEL_PRESETS, ModelConfig, SyntheticDrafter, allocate_cache, build_model,
+                           chain_tree, generate, get_config, get_drafter_config, latent_attention,
+                           tp_slice, visibility_mask)
+from kdtree.engine.model import MoE, SwiGLU, rope
+from kdtree.tree import Tree
+
+NEW = 64
+BATCHES = {"three": (5, 17, 11), "long": (70, 3)}  # 70 > 64: a two-word prefill mask
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    old = torch.get_num_threads()
+    torch.set_num_threads(min(old, 2))
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(get_config("tiny"), seed=0)
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, get_config("tiny").vocab_size, (n,), generator=g) for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def greedy(model):
+    """The autoregressive reference output of each batch."""
+    return {name: generate(model, _prompts(lens), NEW, mode="ar") for name, lens in BATCHES.items()}
+
+
+def _drafter(reference, accuracy=0.8, seed=0):
+    d = SyntheticDrafter(get_drafter_config("tiny"), get_config("tiny").vocab_size, accuracy=accuracy, seed=seed)
+    d.set_reference(reference)
+    return d
+
+
+# ---- configs ----
+
+def test_presets_valid():
+    for name, cfg in MODEL_PRESETS.items():
+        assert get_config(name) is cfg
+        assert cfg.first_dense == 1 and cfg.n_active_experts <= cfg.n_routed_experts
+    for name in ("kimi_k2_attn", "kimi_k2_tp8", "kimi_k2_tp4", "kimi_k2_tp2"):
+        cfg = get_config(name)
+        assert (cfg.kv_lora_rank, cfg.qk_rope_dim, cfg.latent_dim) == (512, 64, 576)  # the kernels' widths
+        assert (cfg.qk_nope_dim, cfg.v_head_dim) == (128, 128) and cfg.n_heads in HEADS
+    assert [get_config(f"kimi_k2_tp{t}").n_heads for t in (8, 4, 2)] == [8, 16, 32]
+    assert get_config("kimi_k2_attn").n_heads == 64
+    model = build_model(get_config("tiny"))
+    assert isinstance(model.layers[0].ffn, SwiGLU) and all(isinstance(b.ffn, MoE) for b in model.layers[1:])
+
+
+def test_config_errors_name_the_argument():
+    base = get_config("tiny")
+    with pytest.raises(ValueError, match="qk_rope_dim"):
+        ModelConfig(**{**base.__dict__, "qk_rope_dim": 7})
+    with pytest.raises(ValueError, match="n_active_experts"):
+        ModelConfig(**{**base.__dict__, "n_active_experts": 9})
+    with pytest.raises(ValueError, match="n_heads"):
+        ModelConfig(**{**base.__dict__, "n_heads": 0})
+    with pytest.raises(ValueError, match="tp"):
+        tp_slice(get_config("kimi_k2_attn"), 3)
+    with pytest.raises(ValueError, match="name"):
+        get_config("kimi")
+    with pytest.raises(ValueError, match="capacity"):
+        allocate_cache(base, 2, 0)
+
+
+# ---- model math ----
+
+def test_chain_tree_matches_from_parents():
+    lens = torch.tensor([70, 1, 65])
+    tree = chain_tree(lens, 70)
+    parents = torch.where(torch.arange(70) < lens[:, None], torch.arange(70) - 1, -1)
+    ref = Tree.from_parents(parents)
+    for field in ("parents", "depth", "num_nodes", "visibility"):
+        assert torch.equal(getattr(tree, field), getattr(ref, field)), field
+
+
+def test_latent_attention_matches_reference(gen):
+    """The engine's float32 attention and mask equal kdtree's float64 reference, padding rows included."""
+    q, kv, pl, tree = random_case(3, 70, 8, [0, 37, 130], gen, extra=3, num_nodes=[41, 70, 70])
+    ref_out, _ = reference_attention(q, kv, pl, tree, 0.07)
+    mask = visibility_mask(tree.visibility, pl, kv.shape[1])
+    out = latent_attention(q.float(), kv.float(), mask, 0.07, 512)
+    torch.testing.assert_close(out.double(), ref_out, atol=2e-5, rtol=2e-5)
+    assert not bool(mask[0, 41:].any())  # padding rows of an empty prefix see nothing: zeros out
+    assert float(out[0, 41:].abs().max()) == 0.0
+
+
+def _unabsorbed_logits(model, tokens):
+    """A textbook causal MLA forward: per-head keys and values expanded from the latent."""
+    cfg = model.cfg
+    H, r, nope, rd, vd = cfg.n_heads, cfg.kv_lora_rank, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim
+    T = tokens.shape[1]
+    pos = torch.arange(T)[None]
+    x = model.embed(tokens)
+    for blk in model.layers:
+        a, h = blk.attn, blk.attn_norm(x)
+        qn, qr = a.wq_b(a.q_norm(a.wq_a(h))).view(1, T, H, nope + rd).split([nope, rd], -1)
+        c, kr = a.wkv_a(h).split([r, rd], -1)
+        kn, v = a.wkv_b(a.kv_norm(c)).view(1, T, H, nope + vd).split([nope, vd], -1)
+        q = torch.cat((qn, rope(qr, pos, a.inv_freq)), -1)
+        k = torch.cat((kn, rope(kr, pos, a.inv_freq)[:, :, None].expand(1, T, H, rd)), -1)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, scale=cfg.softmax_scale)
+        x = x + a.wo(o.transpose(1, 2).reshape(1, T, H * vd))
+        x = x + blk.ffn(blk.ffn_norm(x))
+    return model.head(model.norm(x))
+
+
+def test_absorbed_prefill_equals_unabsorbed_mla(model):
+    tokens = _prompts([23])[0][None]
+    cache = allocate_cache(model.cfg, 1, 32)
+    logits = model(tokens, chain_tree(torch.tensor([23]), 23), cache)
+    torch.testing.assert_close(logits, _unabsorbed_logits(model, tokens), atol=1e-4, rtol=1e-4)
+
+
+def test_moe_matches_per_token_loop(model, gen):
+    moe = model.layers[1].ffn
+    x = torch.randn(2, 9, model.cfg.dim, generator=gen)
+    flat = x.reshape(-1, model.cfg.dim)
+    w, e = torch.sigmoid(moe.gate(flat)).topk(moe.k, dim=-1)
+    w = w / w.sum(-1, keepdim=True) * moe.scale
+    ref = torch.stack([sum(w[t, s] * (F.silu(flat[t] @ moe.w1[e[t, s]].T) * (flat[t] @ moe.w3[e[t, s]].T))
+                           @ moe.w2[e[t, s]].T for s in range(moe.k)) for t in range(flat.shape[0])])
+    ref = ref + moe.shared(flat)
+    torch.testing.assert_close(moe(x), ref.view_as(x), atol=1e-5, rtol=1e-5)
+
+
+# ---- the loop ----
+
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_ddtree_is_lossless(model, greedy, batch, budget):
+    ref = greedy[batch]
+    out = generate(model, _prompts(BATCHES[batch]), NEW, mode="ddtree", drafter=_drafter(ref.tokens),
+                   budget=budget)
+    assert out.tokens.shape == (len(BATCHES[batch]), NEW)
+    assert torch.equal(out.tokens, ref.tokens)
+    emitted = out.accepted.sum(0)  # every sequence emitted enough, and stopped within one step of it
+    assert bool((emitted >= NEW - 1).all()) and bool((emitted - out.accepted.max(0).values < NEW - 1).all())
+    assert out.steps < ref.steps if budget > 1 else out.mean_accepted <= 2.0
+    if budget >= 4:
+        assert out.mean_accepted > 1.5
+
+
+def test_chain_drafter_is_lossless(model, greedy):
+    ref = greedy["three"]
+    out = generate(model, _prompts(BATCHES["three"]), NEW, mode="ddtree", drafter=_drafter(ref.tokens),
+                   budget=15, topk=1)
+    assert torch.equal(out.tokens, ref.tokens)
+
+
+def test_acceptance_rises_with_budget_and_accuracy(model, greedy):
+    ref = greedy["three"]
+    prompts = _prompts(BATCHES["three"])
+
+    def tau(budget, accuracy):
+        return generate(model, prompts, NEW, mode="ddtree", drafter=_drafter(ref.tokens, accuracy),
+                        budget=budget).mean_accepted
+
+    assert tau(64, 0.9) > tau(4, 0.9) > tau(1, 0.9)
+    assert tau(16, 0.95) > tau(16, 0.5)
+    assert tau(64, 0.9) > 4.0
+
+
+def test_drafter_is_calibrated(gen):
+    """The true token is the drafter's top choice with probability ``accuracy``."""
+    B, V, acc = 64, get_config("tiny").vocab_size, 0.7
+    d = _drafter(torch.randint(0, V, (B, 200), generator=gen), accuracy=acc, seed=int(torch.randint(0, 2**31, (1,), generator=gen)))
+    hits = []
+    for g in (1, 40, 90, 150):
+        generated = torch.full((B,), g)
+        top = d.draft(torch.zeros(B, dtype=torch.long), generated, generated).argmax(-1)
+        j = g - 1 + torch.arange(1, d.draft_len + 1)
+        hits.append(top == d.reference[:, j])
+    rate = float(torch.cat(hits).float().mean())
+    assert abs(rate - acc) < 0.04, rate  # 3840 draws: 4.5 standard errors
+
+
+def test_bad_input_names_the_argument(model, greedy):
+    prompts = _prompts([4, 6])
+    d = _drafter(greedy["three"].tokens)
+    cases = [
+        (dict(prompts=[]), "prompts"),
+        (dict(prompts=[torch.rand(4)]), r"prompts\[0\]"),
+        (dict(prompts=[torch.tensor([1, 256])]), r"prompts\[0\]"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(mode="beam"), "mode"),
+        (dict(mode="ddtree"), "drafter"),
+        (dict(mode="ddtree", drafter=d, budget=0), "budget"),
+        (dict(mode="ddtree", drafter=d, budget="4"), "budget"),
+        (dict(mode="ddtree", drafter=d, budget=4, topk=257), "topk"),
+        (dict(cuda_graph=True), "cuda_graph"),
+    ]
+    for kwargs, name in cases:
+        args = dict(prompts=prompts, max_new_tokens=8) | kwargs
+        with pytest.raises(ValueError, match=name):
+            generate(model, **args)
+    with pytest.raises(TypeError, match="model"):
+        generate(torch.nn.Linear(2, 2), prompts, 8)
+    with pytest.raises(ValueError, match="root"):  # the reference has 3 rows, the batch 2
+        generate(model, prompts, 8, mode="ddtree", drafter=d, budget=4)
+    with pytest.raises(ValueError, match="accuracy"):
+        SyntheticDrafter(get_drafter_config("tiny"), 256, accuracy=1.0)
+    with pytest.raises(ValueError, match="tokens"):
+        d.set_reference(torch.rand(2, 5))
