@@ -137,12 +137,12 @@ def _check_build_args(logprobs, tokens, budget, root_tokens, validate: bool) -> 
     check_tensor("logprobs", logprobs, (torch.float32,), 3)
     check_tensor("tokens", tokens, _INT, 3)
     need(tokens.shape == logprobs.shape, ValueError,
-          f"tokens: shape {tuple(tokens.shape)} must equal logprobs' {tuple(logprobs.shape)}")
+         f"tokens: shape {tuple(tokens.shape)} must equal logprobs' {tuple(logprobs.shape)}")
     need(tokens.device == logprobs.device, ValueError,
-          f"tokens: on {tokens.device}, logprobs on {logprobs.device}")
+         f"tokens: on {tokens.device}, logprobs on {logprobs.device}")
     B, L, K = logprobs.shape
     need(isinstance(budget, int) and not isinstance(budget, bool), TypeError,
-          f"budget: expected an int, got {type(budget).__name__}")
+         f"budget: expected an int, got {type(budget).__name__}")
     need(1 <= budget <= MAX_BUDGET, ValueError, f"budget: must be in 1..{MAX_BUDGET}, got {budget}")
     need(B >= 1, ValueError, "logprobs: batch dimension is empty")
     need(1 <= L <= MAX_DEPTH, ValueError, f"logprobs: draft depth L must be in 1..{MAX_DEPTH}, got {L}")
@@ -150,23 +150,23 @@ def _check_build_args(logprobs, tokens, budget, root_tokens, validate: bool) -> 
     if root_tokens is not None:
         check_tensor("root_tokens", root_tokens, _INT, 1)
         need(root_tokens.shape[0] == B, ValueError,
-              f"root_tokens: expected shape ({B},), got {tuple(root_tokens.shape)}")
+             f"root_tokens: expected shape ({B},), got {tuple(root_tokens.shape)}")
         need(root_tokens.device == logprobs.device, ValueError,
-              f"root_tokens: on {root_tokens.device}, logprobs on {logprobs.device}")
+             f"root_tokens: on {root_tokens.device}, logprobs on {logprobs.device}")
     if validate:
         need(bool(torch.isfinite(logprobs).all()), ValueError,
-              "logprobs: contains NaN or infinite values (topk_logprobs clamps -inf to the float32 minimum)")
+             "logprobs: contains NaN or infinite values (topk_logprobs clamps -inf to the float32 minimum)")
         need(bool((logprobs[..., 1:] <= logprobs[..., :-1]).all()), ValueError,
-              "logprobs: every [b, l, :] row must be sorted in descending order")
+             "logprobs: every [b, l, :] row must be sorted in descending order")
 
 
 def _backend(backend: str, device: torch.device) -> str:
     need(backend in ("auto", "torch", "cuda"), ValueError,
-          f"backend: expected 'auto', 'torch' or 'cuda', got {backend!r}")
+         f"backend: expected 'auto', 'torch' or 'cuda', got {backend!r}")
     if backend == "auto":
         return "cuda" if device.type == "cuda" else "torch"
     need(backend == "torch" or device.type == "cuda", ValueError,
-          f"backend: 'cuda' needs CUDA tensors, got tensors on {device}")
+         f"backend: 'cuda' needs CUDA tensors, got tensors on {device}")
     return backend
 
 
@@ -375,9 +375,9 @@ def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto") 
     _check_tree(tree)
     check_tensor("target_tokens", target_tokens, _INT, 2)
     need(tuple(target_tokens.shape) == tuple(tree.tokens.shape), ValueError,
-          f"target_tokens: expected shape {tuple(tree.tokens.shape)}, got {tuple(target_tokens.shape)}")
+         f"target_tokens: expected shape {tuple(tree.tokens.shape)}, got {tuple(target_tokens.shape)}")
     need(target_tokens.device == tree.device, ValueError,
-          f"target_tokens: on {target_tokens.device}, tree on {tree.device}")
+         f"target_tokens: on {target_tokens.device}, tree on {tree.device}")
     if _backend(backend, tree.device) == "torch":
         return accept_reference(tree, target_tokens)
     from kdtree import kernels
@@ -417,12 +417,12 @@ def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
     need(kv.dim() in (3, 4), ValueError, f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")
     need(kv.stride(-1) == 1, ValueError, "kv: the last dimension must be contiguous")
     need(isinstance(accepted, Accepted), TypeError,
-          f"accepted: expected a kdtree.Accepted, got {type(accepted).__name__}")
+         f"accepted: expected a kdtree.Accepted, got {type(accepted).__name__}")
     check_tensor("prefix_lens", prefix_lens, _INT, 1)
     B, S = kv.shape[-3], kv.shape[-2]
     need(prefix_lens.shape[0] == B and accepted.length.shape[0] == B, ValueError,
-          f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}; "
-          f"accepted has {accepted.length.shape[0]}")
+         f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}; "
+         f"accepted has {accepted.length.shape[0]}")
     for name, t in (("prefix_lens", prefix_lens), ("accepted", accepted.indices)):
         need(t.device == kv.device, ValueError, f"{name}: on {t.device}, kv on {kv.device}")
     M = accepted.indices.shape[1]
@@ -430,7 +430,7 @@ def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
     if validate:
         last = prefix_lens.long() + accepted.indices.long().amax(1)
         need(bool((prefix_lens >= 0).all()) and bool((last < S).all()), ValueError,
-              f"prefix_lens: prefix_lens[b] + indices[b] must index rows of the cache (S = {S})")
+             f"prefix_lens: prefix_lens[b] + indices[b] must index rows of the cache (S = {S})")
     if _backend(backend, kv.device) == "torch":
         return compact_kv_reference(kv, prefix_lens, accepted)
     from kdtree import kernels
@@ -471,7 +471,7 @@ def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     need(logits.dim() >= 1, ValueError, "logits: needs a vocabulary dimension")
     V = logits.shape[-1]
     need(isinstance(k, int) and 1 <= k <= min(V, MAX_TOPK), ValueError,
-          f"k: must be an int in 1..min(vocab={V}, {MAX_TOPK}), got {k!r}")
+         f"k: must be an int in 1..min(vocab={V}, {MAX_TOPK}), got {k!r}")
     lp = torch.log_softmax(logits.float(), dim=-1)
     vals, idx = torch.topk(lp, k, dim=-1, sorted=True)
     return vals.clamp_min(torch.finfo(torch.float32).min).contiguous(), idx.contiguous()
