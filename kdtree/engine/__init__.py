@@ -5,12 +5,12 @@ decoding). Imported as ``kdtree.engine``; ``kdtree`` itself does not re-export i
 from kdtree.engine.cache import KVCache, allocate_cache
 from kdtree.engine.config import (DRAFTER_PRESETS, MODEL_PRESETS, DrafterConfig, ModelConfig,
                                   get_config, get_drafter_config, tp_slice)
-from kdtree.engine.ddtree import (DecodeState, Generation, ar_step, chain_tree, ddtree_step, generate,
-                                  prefill)
+from kdtree.engine.ddtree import (DecodeState, Generation, ar_phases, capture, chain_tree, ddtree_phases,
+                                  generate, prefill, run_phases, start)
 from kdtree.engine.drafter import Drafter, SyntheticDrafter
 from kdtree.engine.model import Transformer, build_model, latent_attention, visibility_mask
 
 __all__ = ["DRAFTER_PRESETS", "MODEL_PRESETS", "DecodeState", "Drafter", "DrafterConfig", "Generation",
-           "KVCache", "ModelConfig", "SyntheticDrafter", "Transformer", "allocate_cache", "ar_step",
-           "build_model", "chain_tree", "ddtree_step", "generate", "get_config", "get_drafter_config",
-           "latent_attention", "prefill", "tp_slice", "visibility_mask"]
+           "KVCache", "ModelConfig", "SyntheticDrafter", "Transformer", "allocate_cache", "ar_phases",
+           "build_model", "capture", "chain_tree", "ddtree_phases", "generate", "get_config", "get_drafter_config",
+           "latent_attention", "prefill", "run_phases", "start", "tp_slice", "visibility_mask"]

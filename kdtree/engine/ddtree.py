@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import torch
 
@@ -177,26 +178,63 @@ def _advance(state: DecodeState, new: torch.Tensor, count: torch.Tensor, bonus: 
     state.step.add_(1)
 
 
-@torch.no_grad()
-def ar_step(model: Transformer, state: DecodeState) -> None:
-    """One greedy autoregressive step: verify the one-node tree {root}, emit its argmax."""
-    nxt = model(state.root[:, None], state.single, state.cache).argmax(-1)   # [B, 1]
-    _advance(state, nxt, torch.ones_like(state.root), nxt[:, 0])
+def ar_phases(model: Transformer, state: DecodeState) -> list[tuple[str, Callable[[], None]]]:
+    """One greedy autoregressive step as phases: verify the one-node tree {root}, emit its argmax."""
+    s = {}
+
+    def verify():
+        s["next"] = model(state.root[:, None], state.single, state.cache).argmax(-1)   # [B, 1]
+
+    def commit():
+        _advance(state, s["next"], torch.ones_like(state.root), s["next"][:, 0])
+
+    return [("verify", verify), ("commit", commit)]
+
+
+def ddtree_phases(model: Transformer, drafter: Drafter, state: DecodeState, budget: int,
+                  topk: int) -> list[tuple[str, Callable[[], None]]]:
+    """The DDTree step as named phases that pass their outputs on through a scratch dict.
+
+    ``run_phases`` runs them in order: one step (see the module docstring). ``step_breakdown``
+    times them one by one, eagerly or each captured in its own CUDA graph. No phase
+    synchronises with the host.
+    """
+    cache, s = state.cache, {}
+
+    def draft():
+        s["logits"] = drafter.draft(state.root, cache.lengths, state.n_out)
+
+    def top_k():
+        s["logprobs"], s["tokens"] = topk_logprobs(s["logits"], topk)
+
+    def build():
+        s["tree"] = build_tree(s["logprobs"], s["tokens"], budget, root_tokens=state.root, validate=False)
+
+    def verify():
+        s["target"] = model(s["tree"].tokens, s["tree"], cache).argmax(-1)    # [B, N]
+
+    def accept():
+        s["acc"] = accept_tree(s["tree"], s["target"])
+
+    def compact():
+        compact_kv(cache.kv, cache.lengths, s["acc"], validate=False)
+
+    def commit():
+        acc = s["acc"]
+        path = s["tree"].tokens.gather(1, acc.indices.clamp_min(0).long())   # [B, L + 1], root first
+        new = torch.cat((path[:, 1:], path[:, :1]), dim=1).long()
+        new.scatter_(1, (acc.length.long() - 1)[:, None], acc.bonus.long()[:, None])
+        _advance(state, new, acc.length, acc.bonus)
+
+    return [("draft", draft), ("topk", top_k), ("build", build), ("verify", verify),
+            ("accept", accept), ("compact", compact), ("commit", commit)]
 
 
 @torch.no_grad()
-def ddtree_step(model: Transformer, drafter: Drafter, state: DecodeState, budget: int, topk: int) -> None:
-    """One DDTree step for every sequence (see the module docstring); no host synchronisation."""
-    cache = state.cache
-    logprobs, tokens = topk_logprobs(drafter.draft(state.root, cache.lengths, state.n_out), topk)
-    tree = build_tree(logprobs, tokens, budget, root_tokens=state.root, validate=False)
-    target = model(tree.tokens, tree, cache).argmax(-1)                        # [B, N]
-    acc = accept_tree(tree, target)
-    compact_kv(cache.kv, cache.lengths, acc, validate=False)
-    path = tree.tokens.gather(1, acc.indices.clamp_min(0).long())              # [B, L + 1], root first
-    new = torch.cat((path[:, 1:], path[:, :1]), dim=1).long()
-    new.scatter_(1, (acc.length.long() - 1)[:, None], acc.bonus.long()[:, None])
-    _advance(state, new, acc.length, acc.bonus)
+def run_phases(phases: list[tuple[str, Callable[[], None]]]) -> None:
+    """Run a step's phases in order."""
+    for _, phase in phases:
+        phase()
 
 
 def capture(step, warmup: int = 2) -> torch.cuda.CUDAGraph:
@@ -212,6 +250,30 @@ def capture(step, warmup: int = 2) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         step()
     return graph
+
+
+def start(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: int, mode: str = "ar",
+          drafter: Drafter | None = None, budget: int = 64,
+          topk: int | None = None) -> tuple[DecodeState, list[tuple[str, Callable[[], None]]]]:
+    """Check the arguments, prefill, and return the decode state with its step's phases.
+
+    Parameters are those of ``generate``. ``run_phases(phases)`` is one step: it advances
+    ``state`` in place and never synchronises with the host, so it can be captured.
+    """
+    _check_generate(model, prompts, max_new_tokens, mode, drafter, budget, topk)
+    L = drafter.draft_len if mode == "ddtree" else 0
+    # Room for the longest prompt, every new token, and one step's tree rows past the prefix.
+    capacity = max(p.numel() for p in prompts) + max_new_tokens + (budget + 1 + L if mode == "ddtree" else 1)
+    state = prefill(model, list(prompts), capacity, max_new_tokens, L)
+    return state, make_phases(model, state, mode, drafter, budget, topk)
+
+
+def make_phases(model: Transformer, state: DecodeState, mode: str, drafter: Drafter | None = None,
+                budget: int = 64, topk: int | None = None) -> list[tuple[str, Callable[[], None]]]:
+    """The phases of one ``mode`` step on ``state`` (``topk`` defaults to min(budget, vocab))."""
+    if mode == "ar":
+        return ar_phases(model, state)
+    return ddtree_phases(model, drafter, state, budget, topk or min(budget, model.cfg.vocab_size, MAX_TOPK))
 
 
 def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: int, mode: str = "ar",
@@ -243,24 +305,17 @@ def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: in
     -------
     Generation
     """
-    _check_generate(model, prompts, max_new_tokens, mode, drafter, budget, topk)
-    dev = model.embed.weight.device
-    if cuda_graph and dev.type != "cuda":
+    dev = model.embed.weight.device if isinstance(model, Transformer) else None
+    if cuda_graph and (dev is None or dev.type != "cuda"):
         raise ValueError(f"cuda_graph: needs a CUDA model, the model is on {dev}")
-    L = drafter.draft_len if mode == "ddtree" else 0
-    capacity = max(p.numel() for p in prompts) + max_new_tokens + (budget + 1 + L if mode == "ddtree" else 1)
-    state = prefill(model, list(prompts), capacity, max_new_tokens, L)
-    if mode == "ar":
-        step = partial(ar_step, model, state)
-    else:
-        topk = topk or min(budget, model.cfg.vocab_size, MAX_TOPK)
-        step = partial(ddtree_step, model, drafter, state, budget, topk)
-    start = time.perf_counter()
+    state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk)
+    step = partial(run_phases, phases)
+    t0 = time.perf_counter()
     graph = capture(step) if cuda_graph and max_new_tokens > 1 else None
     while int(state.n_out.min()) < max_new_tokens:
         graph.replay() if graph is not None else step()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - t0
     steps = int(state.step)
     return Generation(state.out[:, :max_new_tokens].clone(), state.accepted[:steps].clone(), seconds)

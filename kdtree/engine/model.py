@@ -9,7 +9,7 @@ visibility bitmask marks (its ancestors and itself).
 Attention runs in the weight-absorbed form that decode-time MLA uses: the key up-projection is
 folded into the query (``q_nope @ W_UK`` per head, 512 wide for Kimi K2) and the value
 up-projection applied after attention, so every head attends over the shared 576-wide latent
-rows. Two implementations of that attention, picked per call by ``use_kernel``:
+rows. Two implementations of that attention, picked per call by ``attend``:
 
 * ``kdtree.verify_attention`` (bf16 CUDA tensors at the kernels' shapes: latent 576, heads in
   8..128, at most 1025 nodes), the code path the workbook measures;
@@ -87,6 +87,17 @@ def inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
     return cfg.rope_theta ** -(half / cfg.qk_rope_dim)
 
 
+def attend(qa: torch.Tensor, kv: torch.Tensor, prefix_lens: torch.Tensor, tree: Tree, scale: float,
+           v_dim: int) -> torch.Tensor:
+    """Absorbed attention of qa [B, N, H, D] over kv [B, S, D]: the kernel where it applies, else float32.
+
+    Returns the latent output [B, N, H, v_dim] in qa's dtype.
+    """
+    if use_kernel(qa):
+        return verify_attention(qa.contiguous(), kv, prefix_lens, tree, scale, check_values=False)[0]
+    return latent_attention(qa, kv, visibility_mask(tree.visibility, prefix_lens, kv.shape[1]), scale, v_dim)
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (rotate-half form) of x [B, N, ..., r] at positions [B, N]."""
     ang = positions.float()[..., None] * inv_freq                   # [B, N, r/2]
@@ -139,12 +150,7 @@ class MLA(nn.Module):
         w = self.wkv_b.weight.view(H, nope + cfg.v_head_dim, r)
         q_abs = torch.einsum("bnhd,hdr->bnhr", q_nope, w[:, :nope])
         qa = torch.cat((q_abs, rope(q_rope, positions, self.inv_freq)), dim=-1).to(kv.dtype)
-        if use_kernel(qa):
-            o_lat, _ = verify_attention(qa.contiguous(), kv, prefix_lens, tree, cfg.softmax_scale,
-                                        check_values=False)
-        else:
-            mask = visibility_mask(tree.visibility, prefix_lens, kv.shape[1])
-            o_lat = latent_attention(qa, kv, mask, cfg.softmax_scale, r)
+        o_lat = attend(qa, kv, prefix_lens, tree, cfg.softmax_scale, r)
         o = torch.einsum("bnhr,hvr->bnhv", o_lat.to(x.dtype), w[:, nope:])
         return self.wo(o.reshape(B, N, H * cfg.v_head_dim))
 

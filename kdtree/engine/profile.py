@@ -1,0 +1,136 @@
+"""Where a decode step's time goes: per-phase timings, eagerly and under CUDA-graph replay.
+
+``step_breakdown`` prefills a batch, runs warm-up steps, then times ``steps`` more and returns
+tidy rows (one per phase and timing mode: median and p20/p80 in microseconds). The phases are
+those of ``ddtree_phases`` (draft, topk, build, verify, accept, compact, commit) or of
+``ar_phases`` (verify, commit), plus:
+
+* ``verify.attention``: ``attend`` alone at the step's shapes (batch, N = budget + 1 nodes,
+  heads, cache length, the live prefix lengths), once per layer; ``verify.rest`` is verify
+  minus that. The tree is a chain of N nodes: the kernels' cost does not depend on which
+  nodes see which (every tile of the tree rows is computed and masked).
+* ``step``: a whole step; ``host``: host time to issue one step (eager: the Python and launch
+  cost of all phases; graph: one ``graph.replay()`` call).
+
+Timing rules (DESIGN.md): device time from CUDA events, warm-up first, median and spread of
+many repetitions. ``timing="graph"`` captures each phase in its own graph and replays them in
+order (each replay costs one graph launch, so the phases sum to a bit more than ``step``, which
+is the whole step in one graph). On CPU the work is synchronous and the host clock is the
+device clock. The CUDA paths are written for a GPU session and unmeasured.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from kdtree.engine.ddtree import capture, chain_tree, make_phases, run_phases, start
+from kdtree.engine.model import attend
+
+
+class _Clock:
+    """CUDA events on a GPU, the host clock on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) * 1e-3 if self.cuda else b - a
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def _time(fns, clock: _Clock, reps: int) -> dict[str, list[float]]:
+    """Seconds per named call over ``reps`` rounds of calling ``fns`` in order, plus the host time."""
+    out = {name: [] for name, _ in fns} | {"host": []}
+    for _ in range(reps):
+        marks, t0 = [clock.mark()], time.perf_counter()
+        for _, fn in fns:
+            fn()
+            marks.append(clock.mark())
+        out["host"].append(time.perf_counter() - t0)
+        clock.sync()
+        for i, (name, _) in enumerate(fns):
+            out[name].append(clock.seconds(marks[i], marks[i + 1]))
+    return out
+
+
+def _graphs(phases) -> list:
+    """Each phase captured in its own CUDA graph (capturing runs nothing; the data flow between
+    phases goes through the tensors the earlier captures allocated)."""
+    out = []
+    for name, fn in phases:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        out.append((name, graph.replay))
+    return out
+
+
+@torch.no_grad()
+def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: int = 64,
+                   topk: int | None = None, steps: int = 20, warmup: int = 3, timing: str = "eager",
+                   max_new_tokens: int = 128) -> list[dict]:
+    """Time each phase of a decode step.
+
+    Parameters
+    ----------
+    model, prompts, mode, drafter, budget, topk
+        As for ``generate``.
+    steps, warmup : int
+        Timed and untimed steps (sequences that reach ``max_new_tokens`` keep stepping with
+        the same static work, so any number of steps is fine).
+    timing : {"eager", "graph"}
+        Eager launches, or CUDA-graph replay (CUDA only).
+
+    Returns
+    -------
+    list of dict
+        One row per phase: mode, timing, phase, budget, batch, steps, median_us, p20_us, p80_us.
+    """
+    if timing not in ("eager", "graph"):
+        raise ValueError(f"timing: expected 'eager' or 'graph', got {timing!r}")
+    for name, value in (("steps", steps), ("warmup", warmup)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk)
+    clock = _Clock(state.root.device)
+    if timing == "graph" and not clock.cuda:
+        raise ValueError(f"timing: 'graph' needs a CUDA model, the model is on {state.root.device}")
+    for _ in range(warmup):
+        run_phases(phases)
+    if timing == "eager":
+        times = _time(phases, clock, steps)
+        times["step"] = [sum(parts) for parts in zip(*(times[name] for name, _ in phases))]
+    else:
+        whole = capture(lambda: run_phases(make_phases(model, state, mode, drafter, budget, topk)), warmup=1)
+        times = _time([("step", whole.replay)], clock, steps)
+        times |= {k: v for k, v in _time(_graphs(phases), clock, steps).items() if k != "host"}
+    # The attention share of verify, at this step's shapes.
+    cfg, kv = model.cfg, state.cache.kv[0]
+    N = 1 if mode == "ar" else budget + 1
+    tree = chain_tree(torch.full((state.cache.batch,), N, device=kv.device), N)
+    q = torch.randn(state.cache.batch, N, cfg.n_heads, cfg.latent_dim, device=kv.device).to(kv.dtype)
+    call = [("attention", lambda: attend(q, kv, state.cache.lengths, tree, cfg.softmax_scale, cfg.kv_lora_rank))]
+    for _ in range(warmup):
+        call[0][1]()
+    att = _time(call if timing == "eager" else _graphs(call), clock, steps)["attention"]
+    times["verify.attention"] = [t * cfg.n_layers for t in att]
+    times["verify.rest"] = [v - a for v, a in zip(times["verify"], times["verify.attention"])]
+    rows = []
+    for phase, secs in times.items():
+        us = np.asarray(secs) * 1e6
+        rows.append(dict(mode=mode, timing=timing, phase=phase, budget=budget if mode == "ddtree" else 0,
+                         batch=state.cache.batch, steps=steps, median_us=float(np.median(us)),
+                         p20_us=float(np.percentile(us, 20)), p80_us=float(np.percentile(us, 80))))
+    return rows
