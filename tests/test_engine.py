@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from kdtree.attention import HEADS, random_case, reference_attention
-from kdtree.engine import (MODEL_PRESETS, ModelConfig, SyntheticDrafter, allocate_cache, build_model,
+from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, ModelConfig, SyntheticDrafter, allocate_cache, build_model,
                            chain_tree, generate, get_config, get_drafter_config, latent_attention,
-                           tp_slice, visibility_mask)
+                           simulate_acceptance, tp_slice, visibility_mask)
 from kdtree.engine.model import MoE, SwiGLU, rope
 from kdtree.engine.profile import step_breakdown
 from kdtree.tree import Tree
@@ -41,8 +41,9 @@ def greedy(model):
     return {name: generate(model, _prompts(lens), NEW, mode="ar") for name, lens in BATCHES.items()}
 
 
-def _drafter(reference, accuracy=0.8, seed=0):
-    d = SyntheticDrafter(get_drafter_config("tiny"), get_config("tiny").vocab_size, accuracy=accuracy, seed=seed)
+def _drafter(reference, accuracy=0.8, seed=0, spread=0.5):
+    d = SyntheticDrafter(get_drafter_config("tiny"), get_config("tiny").vocab_size, accuracy=accuracy,
+                         spread=spread, seed=seed)
     d.set_reference(reference)
     return d
 
@@ -190,6 +191,24 @@ def test_drafter_is_calibrated(gen):
         hits.append(top == d.reference[:, j])
     rate = float(torch.cat(hits).float().mean())
     assert abs(rate - acc) < 0.04, rate  # 3840 draws: 4.5 standard errors
+
+
+def test_simulated_acceptance_equals_the_engine(model):
+    """simulate_acceptance replays the loop without the target: the same per-step acceptance."""
+    prompts = _prompts(BATCHES["three"])
+    drafter = _drafter(generate(model, prompts, NEW + 16, mode="ar").tokens)  # covers the last drafts
+    for budget in (4, 64):
+        out = generate(model, prompts, NEW, mode="ddtree", drafter=drafter, budget=budget)
+        assert torch.equal(simulate_acceptance(drafter, budget, NEW), out.accepted)
+
+
+@pytest.mark.parametrize("budget,topk,tau", [(15, 1, 7.8), (512, None, 10.7)])
+def test_paper_calibration(gen, budget, topk, tau):
+    """The calibrated drafter reproduces the paper's chain (DFlash) and budget-512 acceptance."""
+    ref = torch.randint(0, 256, (24, 500), generator=gen)
+    drafter = _drafter(ref, seed=int(torch.randint(0, 2**31, (1,), generator=gen)), **PAPER_MATH500_QWEN3_8B)
+    acc = simulate_acceptance(drafter, budget, 480, topk)
+    assert float(acc[acc > 0].float().mean()) == pytest.approx(tau, abs=0.5)  # ~3.5 standard errors
 
 
 def test_bad_input_names_the_argument(model, greedy):

@@ -7,10 +7,10 @@ from kdtree.engine.config import (DRAFTER_PRESETS, MODEL_PRESETS, DrafterConfig,
                                   get_config, get_drafter_config, tp_slice)
 from kdtree.engine.ddtree import (DecodeState, Generation, ar_phases, capture, chain_tree, ddtree_phases,
                                   generate, prefill, run_phases, start)
-from kdtree.engine.drafter import Drafter, SyntheticDrafter
+from kdtree.engine.drafter import PAPER_MATH500_QWEN3_8B, Drafter, SyntheticDrafter, simulate_acceptance
 from kdtree.engine.model import Transformer, build_model, latent_attention, visibility_mask
 
-__all__ = ["DRAFTER_PRESETS", "MODEL_PRESETS", "DecodeState", "Drafter", "DrafterConfig", "Generation",
+__all__ = ["DRAFTER_PRESETS", "MODEL_PRESETS", "PAPER_MATH500_QWEN3_8B", "DecodeState", "Drafter", "DrafterConfig", "Generation",
            "KVCache", "ModelConfig", "SyntheticDrafter", "Transformer", "allocate_cache", "ar_phases",
            "build_model", "capture", "chain_tree", "ddtree_phases", "generate", "get_config", "get_drafter_config",
-           "latent_attention", "prefill", "run_phases", "start", "tp_slice", "visibility_mask"]
+           "latent_attention", "prefill", "run_phases", "simulate_acceptance", "start", "tp_slice", "visibility_mask"]
