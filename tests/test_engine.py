@@ -8,7 +8,7 @@ from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, ModelConfig, S
                            chain_tree, generate, get_config, get_drafter_config, latent_attention,
                            simulate_acceptance, tp_slice, visibility_mask)
 from kdtree.engine.model import MoE, SwiGLU, rope
-from kdtree.engine.profile import step_breakdown
+from kdtree.engine.profile import step_breakdown, throughput_sweep
 from kdtree.tree import Tree
 
 NEW = 96
@@ -225,6 +225,7 @@ def test_bad_input_names_the_argument(model, greedy):
         (dict(mode="ddtree", drafter=d, budget="4"), "budget"),
         (dict(mode="ddtree", drafter=d, budget=4, topk=257), "topk"),
         (dict(cuda_graph=True), "cuda_graph"),
+        (dict(warmup=-1), "warmup"),
     ]
     for kwargs, name in cases:
         args = dict(prompts=prompts, max_new_tokens=8) | kwargs
@@ -254,3 +255,13 @@ def test_step_breakdown_rows(model, greedy, mode):
     assert sum(by[p]["median_us"] for p in phases) == pytest.approx(by["step"]["median_us"], rel=0.5)
     with pytest.raises(ValueError, match="timing"):
         step_breakdown(model, _prompts([3]), mode="ar", timing="graph")
+
+
+def test_throughput_sweep_rows(model):
+    drafter = _drafter(torch.zeros(1, 1, dtype=torch.long))  # the sweep sets the reference
+    rows = throughput_sweep(model, _prompts(BATCHES["three"]), 32, drafter, budgets=(1, 16))
+    assert [(r["mode"], r["budget"]) for r in rows] == [("ar", 0), ("chain", 15), ("ddtree", 1), ("ddtree", 16)]
+    assert all(r["lossless"] and r["tokens_per_s"] > 0 for r in rows)
+    by = {(r["mode"], r["budget"]): r for r in rows}
+    assert by[("ar", 0)]["tau"] == 1.0 and by[("ar", 0)]["speedup"] == 1.0
+    assert by[("ddtree", 16)]["tau"] > by[("ddtree", 1)]["tau"] > 1.0

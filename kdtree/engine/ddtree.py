@@ -81,16 +81,26 @@ class Generation:
     accepted : int64 [steps, B]
         Tokens emitted per step and sequence (0 after a sequence finished).
     seconds : float
-        Wall time of the decode loop after prefill (synchronised at the end).
+        Wall time of the timed decode steps, host overhead and the per-step "done?" check
+        included (synchronised at the end); prefill, and under ``cuda_graph`` the warm-up steps
+        and the capture, excluded.
+    untimed_steps : int
+        Steps before the clock started (the graph warm-up; 0 when eager).
     """
 
     tokens: torch.Tensor
     accepted: torch.Tensor
     seconds: float
+    untimed_steps: int = 0
 
     @property
     def steps(self) -> int:
         return self.accepted.shape[0]
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens emitted by all sequences in the timed steps, per second."""
+        return float(self.accepted[self.untimed_steps:].sum()) / self.seconds
 
     @property
     def mean_accepted(self) -> float:
@@ -278,7 +288,7 @@ def make_phases(model: Transformer, state: DecodeState, mode: str, drafter: Draf
 
 def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: int, mode: str = "ar",
              drafter: Drafter | None = None, budget: int = 64, topk: int | None = None,
-             cuda_graph: bool = False) -> Generation:
+             cuda_graph: bool = False, warmup: int = 2) -> Generation:
     """Greedy generation, autoregressive or DDTree, for a batch of prompts of any lengths.
 
     Parameters
@@ -300,6 +310,9 @@ def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: in
         ``budget=draft_len`` is the single-chain drafter (DFlash without a tree).
     cuda_graph : bool
         Capture the step in a CUDA graph and replay it (CUDA only; unmeasured so far).
+    warmup : int
+        Steps run before the clock starts (first launches compile kernels); they emit tokens
+        like any other step. Under ``cuda_graph`` they run on a side stream before the capture.
 
     Returns
     -------
@@ -308,14 +321,23 @@ def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: in
     dev = model.embed.weight.device if isinstance(model, Transformer) else None
     if cuda_graph and (dev is None or dev.type != "cuda"):
         raise ValueError(f"cuda_graph: needs a CUDA model, the model is on {dev}")
+    if not isinstance(warmup, int) or warmup < int(cuda_graph):
+        raise ValueError(f"warmup: expected an int >= {int(cuda_graph)} (a graph needs a warm-up step), "
+                         f"got {warmup!r}")
     state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk)
     step = partial(run_phases, phases)
+    if cuda_graph:
+        graph = capture(step, warmup)
+    else:
+        graph = None
+        for _ in range(warmup):
+            step()
+    untimed = int(state.step)
     t0 = time.perf_counter()
-    graph = capture(step) if cuda_graph and max_new_tokens > 1 else None
     while int(state.n_out.min()) < max_new_tokens:
         graph.replay() if graph is not None else step()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     seconds = time.perf_counter() - t0
     steps = int(state.step)
-    return Generation(state.out[:, :max_new_tokens].clone(), state.accepted[:steps].clone(), seconds)
+    return Generation(state.out[:, :max_new_tokens].clone(), state.accepted[:steps].clone(), seconds, untimed)

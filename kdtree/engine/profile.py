@@ -1,4 +1,4 @@
-"""Where a decode step's time goes: per-phase timings, eagerly and under CUDA-graph replay.
+"""Where a decode step's time goes, and what DDTree buys: step breakdowns and throughput sweeps.
 
 ``step_breakdown`` prefills a batch, runs warm-up steps, then times ``steps`` more and returns
 tidy rows (one per phase and timing mode: median and p20/p80 in microseconds). The phases are
@@ -25,7 +25,8 @@ import time
 import numpy as np
 import torch
 
-from kdtree.engine.ddtree import capture, chain_tree, make_phases, run_phases, start
+from kdtree.engine.ddtree import capture, chain_tree, generate, make_phases, run_phases, start
+from kdtree.engine.drafter import SyntheticDrafter
 from kdtree.engine.model import attend
 
 
@@ -133,4 +134,43 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
         rows.append(dict(mode=mode, timing=timing, phase=phase, budget=budget if mode == "ddtree" else 0,
                          batch=state.cache.batch, steps=steps, median_us=float(np.median(us)),
                          p20_us=float(np.percentile(us, 20)), p80_us=float(np.percentile(us, 80))))
+    return rows
+
+
+def throughput_sweep(model, prompts, max_new_tokens: int, drafter: SyntheticDrafter,
+                     budgets=(1, 16, 32, 64, 128, 256, 512), chain: bool = True,
+                     cuda_graph: bool = False) -> list[dict]:
+    """Tokens per second and acceptance length of greedy DDTree against budget, beside greedy decoding.
+
+    Runs greedy autoregressive decoding first; its output (``draft_len`` tokens longer than
+    needed, so the last drafts are covered too) becomes the synthetic drafter's reference. Then
+    DDTree at every budget, and with ``chain`` the single-chain drafter (``topk=1``,
+    ``budget=draft_len``, DFlash without a tree). Every run must reproduce the greedy tokens
+    (checked; in bf16 a mismatch is reported in the ``lossless`` column rather than raised).
+
+    Returns
+    -------
+    list of dict
+        One row per run: mode (ar, chain, ddtree), budget, tau (tokens per step), steps,
+        tokens_per_s, speedup (over ar), lossless, seconds, cuda_graph.
+    """
+    L = drafter.draft_len
+    ref = generate(model, prompts, max_new_tokens + L, mode="ar", cuda_graph=cuda_graph)
+    drafter.set_reference(ref.tokens)
+    greedy = ref.tokens[:, :max_new_tokens]
+    base = generate(model, prompts, max_new_tokens, mode="ar", cuda_graph=cuda_graph)
+    runs = [("ar", 0, None, base)]
+    if chain:
+        runs.append(("chain", L, 1, None))
+    runs += [("ddtree", b, None, None) for b in budgets]
+    rows = []
+    for mode, budget, topk, out in runs:
+        if out is None:
+            out = generate(model, prompts, max_new_tokens, mode="ddtree", drafter=drafter, budget=budget,
+                           topk=topk, cuda_graph=cuda_graph)
+        rows.append(dict(mode=mode, budget=budget, tau=out.mean_accepted, steps=out.steps,
+                         tokens_per_s=out.tokens_per_second,
+                         speedup=out.tokens_per_second / base.tokens_per_second,
+                         lossless=bool(torch.equal(out.tokens, greedy)), seconds=out.seconds,
+                         cuda_graph=cuda_graph))
     return rows
