@@ -73,7 +73,7 @@ def _next_logits(model, ctx):
     n = ctx.numel()
     cache = allocate_cache(model.cfg, 1, n, "cuda", model.embed.weight.dtype)
     lens = torch.tensor([n], device="cuda")
-    return model(ctx[None], chain_tree(lens, n), cache)[0, -1].float()
+    return model(ctx[None], chain_tree(lens, n), cache, nodes=lens - 1)[0].float()
 
 
 @torch.no_grad()

@@ -82,10 +82,10 @@ class Generation:
         Tokens emitted per step and sequence (0 after a sequence finished).
     seconds : float
         Wall time of the timed decode steps, host overhead and the per-step "done?" check
-        included (synchronised at the end); prefill, and under ``cuda_graph`` the warm-up steps
-        and the capture, excluded.
+        included (synchronised at the end); prefill, the warm-up steps and the graph capture
+        excluded.
     untimed_steps : int
-        Steps before the clock started (the graph warm-up; 0 when eager).
+        Warm-up steps before the clock started (their tokens are in ``tokens`` all the same).
     """
 
     tokens: torch.Tensor
@@ -162,8 +162,7 @@ def prefill(model: Transformer, prompts: list[torch.Tensor], capacity: int, max_
     tokens = torch.full((B, T), -1, dtype=torch.int64, device=dev)
     for b, p in enumerate(prompts):
         tokens[b, :p.numel()] = p.to(dev)
-    logits = model(tokens, chain_tree(lens, T), cache)
-    first = logits[torch.arange(B, device=dev), lens - 1].argmax(-1)
+    first = model(tokens, chain_tree(lens, T), cache, nodes=lens - 1).argmax(-1)
     cache.lengths.copy_(lens)
     out = torch.zeros((B, max_new + draft_len + 2), dtype=torch.int64, device=dev)
     out[:, 0] = first

@@ -240,18 +240,23 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
-    def forward(self, tokens: torch.Tensor, tree: Tree, cache: KVCache) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, tree: Tree, cache: KVCache,
+                nodes: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, N, vocab] of the tree nodes ``tokens`` [B, N] (padding nodes may hold -1).
 
         Node i sits at position ``cache.lengths + tree.depth[:, i]`` and its latent rows go to
         cache row ``cache.lengths + i`` of every layer; ``cache.lengths`` is left unchanged
         (committing rows is the decode loop's business). Padding nodes produce ignored logits.
+        With ``nodes`` [B] given, only node ``nodes[b]`` of each sequence reaches the LM head and
+        the result is [B, vocab] (prefill needs the last prompt token's logits only).
         """
         prefix = cache.lengths
         positions = prefix[:, None] + tree.depth.clamp_min(0)
         x = self.embed(tokens.clamp_min(0))
         for layer, block in enumerate(self.layers):
             x = block(x, positions, cache.kv[layer], prefix, tree)
+        if nodes is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), nodes]
         return self.head(self.norm(x))
 
 
