@@ -18,9 +18,9 @@ NEW = 64
 LENGTHS = (33, 250, 7, 120)
 
 
-def _model(preset, dtype=torch.bfloat16, **overrides):
-    cfg = replace(get_config(preset), **({"n_layers": 2, "vocab_size": 32768} | overrides))
-    return build_model(cfg, seed=0, device="cuda", dtype=dtype)
+def _model(preset):
+    cfg = replace(get_config(preset), n_layers=2, vocab_size=32768)
+    return build_model(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
 
 
 def _prompts(vocab, lengths=LENGTHS, seed=0):
@@ -41,10 +41,28 @@ def _ulps(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def _next_logits_two_ways(model, ctx):
+    """The target's logits [vocab] after ``ctx``, computed by a prefill of all of ``ctx`` and by
+    a prefill of ``ctx[:-1]`` plus one decode step: their difference is the bf16 rounding noise
+    between two computation paths of the same numbers."""
+    n, dt = ctx.numel(), model.embed.weight.dtype
+    lens = torch.tensor([n], device="cuda")
+    full = model(ctx[None], chain_tree(lens, n), allocate_cache(model.cfg, 1, n, "cuda", dt), nodes=lens - 1)
+    cache = allocate_cache(model.cfg, 1, n, "cuda", dt)
+    model(ctx[None, :-1], chain_tree(lens - 1, n - 1), cache, nodes=lens - 2)
+    cache.lengths.fill_(n - 1)
+    step = model(ctx[None, -1:], chain_tree(torch.ones_like(lens), 1), cache, nodes=lens * 0)
+    return full[0].float(), step[0].float()
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("preset", ["kimi_k2_tp8", "kimi_k2_attn"])
 @pytest.mark.parametrize("budget", [4, 64])
 def test_bf16_ddtree_diverges_only_at_rounding_ties(preset, budget):
-    """Where DDTree and greedy part, the target's logits of the two tokens are within 8 bf16 ulps."""
+    """Where DDTree and greedy part, the target's two candidate logits are closer than twice the
+    rounding noise between two ways of computing them (random-weight logits are N(0, 1) over
+    32k tokens, so their top-2 gaps are themselves only ~10 bf16 ulps: an ulp count alone would
+    not separate a tie from a bug)."""
     model = _model(preset)
     prompts = _prompts(model.cfg.vocab_size)
     ar = generate(model, prompts, NEW)
@@ -55,25 +73,15 @@ def test_bf16_ddtree_diverges_only_at_rounding_ties(preset, budget):
         if len(diff) == 0:
             continue
         t = int(diff[0])
-        # The target's logits after the common prefix, recomputed by a prefill of it.
-        ctx = torch.cat((p, ar.tokens[b, :t]))
-        logits = _next_logits(model, ctx)
+        full, step = _next_logits_two_ways(model, torch.cat((p, ar.tokens[b, :t])))
         a, d = int(ar.tokens[b, t]), int(dd.tokens[b, t])
-        gap = float((logits[a] - logits[d]).abs())
-        ulp = float(_ulps(logits[a]))
-        report.append((b, t, a, d, gap, gap / ulp))
-    print(f"\n{preset} budget={budget}: {len(report)}/{len(prompts)} sequences diverged; "
-          f"(seq, index, greedy, ddtree, |logit gap|, gap in bf16 ulps) = {report}; tau={dd.mean_accepted:.2f}")
-    assert all(ulps <= 8 for *_, ulps in report), report
+        gap, noise = float((full[a] - full[d]).abs()), float((full - step).abs().max())
+        report.append(dict(seq=b, index=t, gap=round(gap, 4), noise=round(noise, 4),
+                           gap_ulps=round(gap / float(_ulps(full[a])), 1)))
+    print(f"\n{preset} budget={budget}: {len(report)}/{len(prompts)} sequences diverged from greedy "
+          f"within {NEW} tokens; tau={dd.mean_accepted:.2f}; {report}")
+    assert all(r["gap"] <= 2 * r["noise"] for r in report), report
     assert dd.mean_accepted > 2.0
-
-
-def _next_logits(model, ctx):
-    """The target's bf16 logits [vocab] for the token after ``ctx``, by prefill."""
-    n = ctx.numel()
-    cache = allocate_cache(model.cfg, 1, n, "cuda", model.embed.weight.dtype)
-    lens = torch.tensor([n], device="cuda")
-    return model(ctx[None], chain_tree(lens, n), cache, nodes=lens - 1)[0].float()
 
 
 @torch.no_grad()
