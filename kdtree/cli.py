@@ -2,6 +2,7 @@
 
     kdtree bench tree [--budgets ...] [--batches ...] [--out PATH]   tree build / accept / compaction
     kdtree sweep parameterized_runs/default.yaml [--report]          execute the notebooks over a grid
+        [--executor local|dask] [--scheduler tcp://host:port]        on every GPU here, or on a Dask cluster
     kdtree report <run-id> [--png]                                   reports/<run-id>/index.html
     kdtree compare <run-a> <run-b>                                   regression report of two runs
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
@@ -36,7 +37,7 @@ def _sweep(args) -> int:
     from kdtree.bench.sweep import run_sweep, summary
 
     run_dir = run_sweep(args.spec, run_id=args.run_id, resume=args.resume, profile=args.profile,
-                        timeout=args.timeout)
+                        timeout=args.timeout, executor=args.executor, scheduler=args.scheduler)
     s = summary(run_dir)
     if args.report:
         print(f"report: {render_run(run_dir, args.reports)}")
@@ -98,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile", choices=("auto", "gpu", "cpu"), default="auto",
                    help="GPU sizes or the small CPU sizes (default: what this machine has)")
     s.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds")
+    s.add_argument("--executor", choices=("local", "dask"), default="local",
+                   help="local: one worker per visible GPU (one on CPU); dask: --scheduler's cluster, "
+                        "else a LocalCUDACluster (dask-cuda) or LocalCluster it starts")
+    s.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
+                   help="with --executor dask: the address of a running Dask scheduler")
     s.add_argument("--report", action="store_true", help="render the run's report afterwards")
     s.add_argument("--reports", default="reports", help="reports folder (default reports/)")
     s.set_defaults(func=_sweep)

@@ -193,6 +193,7 @@ def test_sweep_records_a_failing_point_goes_on_and_resumes(tmp_path):
     run = run_sweep(spec, run_id="r1", profile="cpu", progress=False)
     s = summary(run)
     assert s["counts"] == {"ok": 2, "failed": 1}
+    assert sorted(calls.read_text().split()) == ["1", "2", "2", "3"]    # the failing point was retried once
     (pid, err), = s["failures"].items()
     assert "x-2" in pid and "planted failure" in err
     assert (run / f"{pid}.ipynb").exists()                  # the failed notebook is kept for the report
@@ -201,10 +202,10 @@ def test_sweep_records_a_failing_point_goes_on_and_resumes(tmp_path):
     flag.unlink()
     run_sweep(spec, run_id="r1", profile="cpu", progress=False)   # resume: only the failed point runs
     assert summary(run)["counts"] == {"ok": 3}
-    assert sorted(calls.read_text().split()) == ["1", "2", "2", "3"]
+    assert sorted(calls.read_text().split()) == ["1", "2", "2", "2", "3"]
     assert sorted(pd.read_parquet(run / "results.parquet")["x"]) == [1, 2, 3]
     run_sweep(spec, resume=True, profile="cpu", progress=False)   # --resume finds r1; nothing left to do
-    assert len(calls.read_text().split()) == 4
+    assert len(calls.read_text().split()) == 5
 
 
 def test_spec_errors_are_clear(tmp_path):

@@ -18,17 +18,34 @@ file runs GPU sizes on a GPU and small sizes in CI. Every point also gets ``resu
 
 A run lives in ``parameterized_runs/<run-id>/``: ``run.json`` (the plan, each point's status,
 time and error), one executed notebook and one results table per point, and ``results.parquet``
-combining every table. A failing point is recorded and the sweep goes on; running again with
-the same run id skips the points that finished and retries the rest.
+combining every table. A failing point is retried once, then recorded, and the sweep goes on;
+running again with the same run id skips the points that finished and retries the rest.
+
+Points run on dask.distributed workers, which do placement, retries and progress:
+
+* ``executor="local"``: a cluster of this machine, one single-threaded worker process per
+  visible GPU, each pinned to its GPU with ``CUDA_VISIBLE_DEVICES`` (one worker without a GPU).
+* ``executor="dask"``: the cluster of ``scheduler`` (``tcp://host:port``), else a
+  ``dask_cuda.LocalCUDACluster`` where dask-cuda is installed and a GPU is visible, else the
+  local executor's cluster. Workers of a remote cluster must import kdtree and see the
+  repository and the run folder at the same paths as this process (a shared file system).
+
+The points of the first notebook of the file run before the others are handed out (the
+default sweep measures the run's ceilings there). Each point's notebook and table are written
+by its worker, and ``run.json`` is updated as each point completes, so an interrupted run
+loses no finished point.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import itertools
 import json
+import logging
 import os
 import re
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -41,6 +58,8 @@ from kdtree.bench.results import load_table, run_metadata, save_table
 
 MANIFEST = "run.json"
 RESULTS = "results"
+EXECUTORS = ("local", "dask")
+CONNECT_TIMEOUT = 20.0     # seconds to wait for a Dask scheduler given by address
 
 
 @dataclass(frozen=True)
@@ -50,6 +69,21 @@ class Point:
     point_id: str
     notebook: str          # path relative to the root
     params: dict           # parameters passed to papermill (run paths excluded)
+
+
+class PointFailed(Exception):
+    """A point's notebook raised or wrote no results; ``entry`` is its manifest entry.
+
+    Raised on the worker so that dask.distributed retries the point; the client records
+    ``entry`` once the retries are spent.
+    """
+
+    def __init__(self, entry: dict):
+        super().__init__(entry)
+        self.entry = entry
+
+    def __str__(self) -> str:
+        return str(self.entry.get("error"))
 
 
 def load_spec(path: str | Path) -> dict:
@@ -159,9 +193,23 @@ def latest_run(out_root: str | Path, name: str | None = None) -> Path | None:
 
 
 def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout: float | None) -> dict:
-    """Run one point with papermill; returns its manifest entry (status ok or failed)."""
-    import papermill as pm
+    """Run one point with papermill, on a worker; returns its manifest entry (status ok).
 
+    The entry also names where it ran (``host``, ``gpu``: the worker's ``CUDA_VISIBLE_DEVICES``,
+    ``worker``: the dask worker's address).
+
+    Raises
+    ------
+    PointFailed
+        When the notebook raised or wrote no results; carries the entry (status failed).
+    """
+    import papermill as pm
+    from distributed import get_worker
+
+    pkg_root = str(Path(__file__).resolve().parents[2])     # the notebook kernel imports this kdtree
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if pkg_root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([pkg_root, *paths])
     root = spec["root"]
     rel = run_dir.relative_to(root) if run_dir.is_relative_to(root) else run_dir
     out_nb = run_dir / f"{point.point_id}.ipynb"
@@ -169,9 +217,14 @@ def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout:
     results = rel / RESULTS / point.point_id
     params = {**point.params, "results_path": str(results), "ceilings_path": str(rel / "ceilings.json"),
               "run_dir": str(rel)}
+    try:
+        worker = get_worker().address
+    except ValueError:                                      # called outside a dask worker
+        worker = None
     entry = {"notebook": point.notebook, "params": point.params, "output": str(out_nb.relative_to(run_dir)),
              "results": str(Path(RESULTS) / point.point_id) + ".parquet",
-             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+             "host": socket.gethostname(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "worker": worker}
     t0 = time.perf_counter()
     try:
         pm.execute_notebook(str(root / point.notebook), str(out_nb), parameters=params, cwd=str(root),
@@ -180,13 +233,116 @@ def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout:
         if not (run_dir / entry["results"]).exists():
             raise RuntimeError(f"notebook ran but wrote no results at {results}.parquet")
         entry.update(status="ok", error=None)
-    except Exception as exc:  # a failing point is recorded, the sweep goes on
+    except Exception as exc:  # recorded in the entry; the client records it once retries are spent
         name = getattr(exc, "ename", type(exc).__name__)
         value = getattr(exc, "evalue", str(exc))
         entry.update(status="failed", error=f"{name}: {value}".strip()[:2000],
                      traceback=traceback.format_exc(limit=3)[-2000:])
     entry["seconds"] = round(time.perf_counter() - t0, 2)
+    if entry["status"] == "failed":
+        raise PointFailed(entry)
     return entry
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` if set, else torch's count."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:                                     # CUDA stops at "-1"
+        ids = [d.strip() for d in env.split(",") if d.strip()]
+        return list(itertools.takewhile(lambda d: d != "-1", ids))
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def local_cluster():
+    """A cluster of this machine: one single-threaded worker process per visible GPU, pinned to
+    it with ``CUDA_VISIBLE_DEVICES`` (one unpinned worker without a GPU)."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    def worker(env: dict) -> dict:
+        return {"cls": Nanny, "options": {"nthreads": 1, "memory_limit": 0, "env": env, "dashboard": False,
+                                          "silence_logs": logging.ERROR}}
+
+    gpus = visible_gpus()
+    workers = {f"gpu{d}": worker({"CUDA_VISIBLE_DEVICES": d}) for d in gpus} or {"cpu": worker({})}
+    return SpecCluster(workers=workers, silence_logs=logging.ERROR,
+                       scheduler={"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False,
+                                                                   "dashboard_address": ":0"}})
+
+
+@contextlib.contextmanager
+def sweep_client(executor: str = "local", scheduler: str | None = None):
+    """A dask.distributed client for ``executor`` (see the module docstring); closes what it started.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``executor``, or a ``scheduler`` with ``executor="local"``.
+    ConnectionError
+        When no scheduler answers at ``scheduler`` within :data:`CONNECT_TIMEOUT` seconds.
+    """
+    from distributed import Client
+
+    check_executor(executor, scheduler)
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ConnectionError(f"scheduler {scheduler!r}: no Dask scheduler answered within "
+                                  f"{CONNECT_TIMEOUT:g} s ({exc})") from exc
+        with client:
+            yield client
+        return
+    cluster = None
+    if executor == "dask" and visible_gpus():
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            pass
+        else:
+            cluster = LocalCUDACluster(threads_per_worker=1, silence_logs=logging.ERROR)
+    with cluster or local_cluster() as cluster, Client(cluster) as client:
+        yield client
+
+
+def check_executor(executor: str, scheduler: str | None = None) -> None:
+    """Raise ``ValueError`` unless ``executor`` and ``scheduler`` make sense together."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor: expected one of {', '.join(EXECUTORS)}, got {executor!r}")
+    if scheduler is not None and executor != "dask":
+        raise ValueError(f"scheduler: {scheduler!r} needs executor='dask', got executor={executor!r}")
+    if scheduler is not None and not (isinstance(scheduler, str) and re.fullmatch(r"(\w+://)?[^/\s]+:\d+", scheduler)):
+        raise ValueError(f"scheduler: expected an address like tcp://host:8786, got {scheduler!r}")
+
+
+def _run_points(client, points: list[Point], spec: dict, run_dir: Path, manifest: dict, bar,
+                kernel_name: str, timeout: float | None) -> None:
+    """Submit ``points`` (retried once by dask) and record each as it completes."""
+    from distributed import as_completed
+
+    futures = {client.submit(_execute, p, spec, run_dir, kernel_name, timeout, retries=1, pure=False,
+                             key=f"kdtree-point-{p.point_id}-{os.urandom(4).hex()}"): p for p in points}
+    try:
+        for fut in as_completed(futures):
+            p = futures.pop(fut)
+            try:
+                entry = fut.result()
+            except PointFailed as exc:
+                entry = exc.entry
+            except Exception as exc:  # the point never finished: its worker died (KilledWorker) or it was lost
+                entry = {**manifest["points"][p.point_id], "status": "failed",
+                         "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            manifest["points"][p.point_id] = entry
+            _write_manifest(run_dir, manifest)
+            fut.cancel()            # recorded: the cluster forgets it (a lost worker's results are not recomputed)
+            bar.set_postfix_str(p.point_id[:50])
+            bar.update()
+    except KeyboardInterrupt:
+        for p in futures.values():                          # submitted, not recorded
+            manifest["points"][p.point_id]["status"] = "interrupted"
+        _write_manifest(run_dir, manifest)
+        raise
 
 
 def combine_results(run_dir: str | Path) -> pd.DataFrame:
@@ -202,7 +358,8 @@ def combine_results(run_dir: str | Path) -> pd.DataFrame:
 
 def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool = False,
               profile: str = "auto", out_root: str | Path | None = None, kernel_name: str = "python3",
-              timeout: float | None = None, progress: bool = True) -> Path:
+              timeout: float | None = None, progress: bool = True, executor: str = "local",
+              scheduler: str | None = None) -> Path:
     """Execute a sweep file; returns the run directory.
 
     Parameters
@@ -224,9 +381,21 @@ def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool 
         Per-cell timeout in seconds.
     progress : bool
         Show a progress bar over the points.
+    executor : {"local", "dask"}
+        Where the points run (see the module docstring); the run folder is the same either way.
+    scheduler : str, optional
+        With ``executor="dask"``: the address of a running Dask scheduler, ``tcp://host:port``.
+
+    Raises
+    ------
+    ValueError
+        For a bad sweep file, run id, executor or scheduler address.
+    ConnectionError
+        When no scheduler answers at ``scheduler``.
     """
     from tqdm.auto import tqdm
 
+    check_executor(executor, scheduler)
     spec = load_spec(spec_path)
     profile = default_profile() if profile == "auto" else profile
     points = plan(spec, profile)
@@ -242,42 +411,32 @@ def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool 
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise ValueError(f"run_id {run_id!r}: use letters, digits, '.', '_' and '-' only")
     run_dir = out_root / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
     old = _read_manifest(run_dir) or {}
     manifest = {"run_id": run_id, "sweep": spec["name"], "spec_path": str(spec["path"]), "profile": profile,
                 "created": old.get("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")),
-                "metadata": run_metadata(),
+                "executor": executor if scheduler is None else f"dask {scheduler}", "metadata": run_metadata(),
                 "points": {p.point_id: {"notebook": p.notebook, "params": p.params, "status": "pending"}
                            for p in points}}
     for pid, e in (old.get("points") or {}).items():
         if pid in manifest["points"] and e.get("status") == "ok" and (run_dir / e["output"]).exists():
             manifest["points"][pid] = e
-    (run_dir / "sweep.yaml").write_text(spec["path"].read_text())
-    _write_manifest(run_dir, manifest)
-
-    pkg_root = str(Path(__file__).resolve().parents[2])
-    env_before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = pkg_root + (os.pathsep + env_before if env_before else "")
     todo = [p for p in points if manifest["points"][p.point_id]["status"] != "ok"]
-    bar = tqdm(todo, desc=f"sweep {run_id}", unit="point", disable=not progress)
-    try:
-        for p in bar:
-            bar.set_postfix_str(p.point_id[:50])
-            manifest["points"][p.point_id] = _execute(p, spec, run_dir, kernel_name, timeout)
-            _write_manifest(run_dir, manifest)
-    except KeyboardInterrupt:
-        manifest["points"][p.point_id]["status"] = "interrupted"
+    first = spec["notebooks"][0]["notebook"]        # runs first: the default sweep measures ceilings there
+    waves = [w for w in ([p for p in todo if p.notebook == first], [p for p in todo if p.notebook != first]) if w]
+
+    with sweep_client(executor, scheduler) if todo else contextlib.nullcontext() as client:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "sweep.yaml").write_text(spec["path"].read_text())
         _write_manifest(run_dir, manifest)
-        raise
-    finally:
-        bar.close()
-        if env_before is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = env_before
-    combined = combine_results(run_dir)
-    if not combined.empty:
-        save_table(combined, run_dir / "results", meta=manifest["metadata"])
+        bar = tqdm(total=len(todo), desc=f"sweep {run_id}", unit="point", disable=not progress)
+        try:
+            for wave in waves:
+                _run_points(client, wave, spec, run_dir, manifest, bar, kernel_name, timeout)
+        finally:
+            bar.close()
+            combined = combine_results(run_dir)
+            if not combined.empty:
+                save_table(combined, run_dir / "results", meta=manifest["metadata"])
     return run_dir
 
 
