@@ -13,11 +13,11 @@ Presets (``get_config(name)``):
 * ``tiny``: CPU tests. The same structure at toy sizes (latent 32 + rope 8, 4 heads, 2 layers).
 * ``kimi_k2_attn``: Kimi K2's attention per layer (64 heads, q LoRA 1536, latent 512 + rope 64,
   nope 128, value 128, hidden 7168, vocabulary 163840), with 8 layers and 16 small experts
-  (top-4, intermediate 1024) instead of 61 layers and 384 experts, so it fits one GPU (about
-  11 GB of bf16 weights).
+  (top-4, intermediate 1024) instead of 61 layers and 384 experts, so it fits one GPU: 6.2 B
+  parameters, 11.5 GiB in bf16 (the 163840 x 7168 embedding and LM head are 4.4 GiB of it).
 * ``kimi_k2_tp8`` / ``_tp4`` / ``_tp2``: one GPU's share of ``kimi_k2_attn`` under tensor
-  parallelism (8, 16, 32 heads; the dense and expert intermediates sliced the same way). The
-  all-reduces a real TP deployment adds are not modelled.
+  parallelism (8, 16, 32 heads; the dense and expert intermediates sliced the same way; 5.5,
+  6.3, 8.1 GiB). The all-reduces a real TP deployment adds are not modelled.
 """
 from __future__ import annotations
 
