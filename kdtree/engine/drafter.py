@@ -109,7 +109,9 @@ class SyntheticDrafter(nn.Module):
     vocab_size : int
         The target's vocabulary.
     accuracy : float in (0, 1)
-        Probability that the true next token is the drafter's top choice at each position.
+        Probability that the true next token is the drafter's top choice at each position
+        (the mass of profile rank 0, which is the top rank while accuracy >= (1 - accuracy)
+        (1 - spread)).
     spread : float in (0, 1)
         Geometric ratio of the remaining ranks' probabilities: how often a miss is near the top.
     ranks : int
@@ -202,7 +204,8 @@ def simulate_acceptance(drafter: SyntheticDrafter, budget: int, max_new_tokens: 
     reference token ``generated + d``. This replays the decode loop on that rule: same drafter
     calls, same trees, so it returns the ``Generation.accepted`` that ``generate`` would (exactly,
     when the reference is at least ``max_new_tokens + draft_len`` long), in a fraction of the
-    time. It is how the drafter is calibrated against published acceptance lengths.
+    time. It is how the drafter is calibrated against published acceptance lengths. (The
+    drafter is called with ``positions = generated``; the synthetic drafter ignores positions.)
 
     Returns
     -------
