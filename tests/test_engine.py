@@ -7,7 +7,8 @@ from kdtree.attention import HEADS, random_case, reference_attention
 from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, ModelConfig, SyntheticDrafter, allocate_cache, build_model,
                            chain_tree, generate, get_config, get_drafter_config, latent_attention,
                            simulate_acceptance, tp_slice, visibility_mask)
-from kdtree.engine.model import MoE, SwiGLU, rope
+from kdtree.engine.ddtree import DecodeState, _advance
+from kdtree.engine.model import MoE, SwiGLU, Transformer, rope
 from kdtree.engine.profile import step_breakdown, throughput_sweep
 from kdtree.tree import Tree
 
@@ -209,6 +210,27 @@ def test_paper_calibration(gen, budget, topk, tau):
     drafter = _drafter(ref, seed=int(torch.randint(0, 2**31, (1,), generator=gen)), **PAPER_MATH500_QWEN3_8B)
     acc = simulate_acceptance(drafter, budget, 480, topk)
     assert float(acc[acc > 0].float().mean()) == pytest.approx(tau, abs=0.5)  # ~3.5 standard errors
+
+
+def test_device_side_of_the_step_never_reads_values():
+    """The model forward, the drafter and the commit run on meta tensors, which have no values:
+    any host read (``int()``, ``.item()``, a data-dependent shape) would raise. On CUDA that is
+    what lets the step be captured in one graph (the kdtree ops run with ``validate=False``)."""
+    B, N, cfg = 2, 17, get_config("tiny")
+    with torch.device("meta"):
+        model = Transformer(cfg).eval()
+    drafter = _drafter(torch.zeros(B, 100, dtype=torch.long)).to("meta")
+    drafter.set_reference(torch.zeros(B, 100, dtype=torch.long, device="meta"))
+    cache = allocate_cache(cfg, B, 64, "meta")
+    ones = torch.ones(B, dtype=torch.long, device="meta")
+    with torch.no_grad():
+        logits = model(torch.zeros(B, N, dtype=torch.long, device="meta"), chain_tree(ones * N, N), cache)
+        draft = drafter.draft(ones, cache.lengths, ones)
+        state = DecodeState(cache, ones.clone(), torch.zeros(B, 40, dtype=torch.long, device="meta"), ones.clone(),
+                            torch.zeros(8, B, dtype=torch.long, device="meta"),
+                            torch.zeros(1, dtype=torch.long, device="meta"), chain_tree(ones, 1), 8)
+        _advance(state, logits.argmax(-1)[:, :16], ones * 3, ones)
+    assert logits.shape == (B, N, cfg.vocab_size) and draft.shape == (B, drafter.draft_len, cfg.vocab_size)
 
 
 def test_bad_input_names_the_argument(model, greedy):
