@@ -4,12 +4,14 @@ Usage (GPU host, from the repository root):
 
     python scripts/engine_bench.py --out DIR [--preset kimi_k2_attn] [--layers 8] [--batch 1]
         [--prompt 512] [--new 256] [--budgets 1,16,32,64,128,256,512] [--drafter small]
+        [--accuracies paper,0.7,0.8,0.95]
 
 Writes ``DIR/engine_throughput.csv`` (greedy, the single chain and DDTree per budget: tau,
 tokens/s, speedup, lossless) and ``DIR/engine_breakdown.csv`` (per-phase step time), each in
 eager mode and under CUDA-graph replay, plus ``DIR/engine_meta.json``. The drafter is the
-synthetic one calibrated to the DDTree paper (``PAPER_MATH500_QWEN3_8B``); the target has random
-weights, so only the systems side compares with the paper. Without CUDA it runs eagerly in
+synthetic one; ``paper`` is its calibration to the DDTree paper (``PAPER_MATH500_QWEN3_8B``),
+a number is a top-1 accuracy at the same spread, and the breakdowns use the first entry. The
+target has random weights, so only the systems side compares with the paper. Without CUDA it runs eagerly in
 float32 (``--preset tiny`` as a smoke test).
 """
 import argparse
@@ -24,7 +26,7 @@ import torch
 
 from kdtree.engine import (PAPER_MATH500_QWEN3_8B, SyntheticDrafter, build_model, get_config,
                            get_drafter_config)
-from kdtree.engine.profile import step_breakdown, throughput_sweep
+from kdtree.engine.profile import set_greedy_reference, step_breakdown, throughput_sweep
 
 
 def main() -> None:
@@ -38,6 +40,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--budgets", default="1,16,32,64,128,256,512")
     ap.add_argument("--breakdown-budgets", default="16,64,256,512")
+    ap.add_argument("--accuracies", default="paper,0.7,0.8,0.95")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per breakdown")
     args = ap.parse_args()
 
@@ -46,8 +49,11 @@ def main() -> None:
     cfg = get_config(args.preset)
     cfg = replace(cfg, n_layers=args.layers) if args.layers else cfg
     model = build_model(cfg, seed=0, device=device, dtype=dtype)
-    drafter = SyntheticDrafter(get_drafter_config(args.drafter), cfg.vocab_size, seed=0, device=device,
-                               dtype=dtype, **PAPER_MATH500_QWEN3_8B)
+    def drafter_for(label: str) -> SyntheticDrafter:
+        knobs = PAPER_MATH500_QWEN3_8B | ({} if label == "paper" else {"accuracy": float(label)})
+        return SyntheticDrafter(get_drafter_config(args.drafter), cfg.vocab_size, seed=0, device=device,
+                                dtype=dtype, **knobs)
+
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, cfg.vocab_size, (args.prompt,), generator=gen).to(device)
                for _ in range(args.batch)]
@@ -56,9 +62,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     rows = []
-    for graphed in graph_modes:  # also sets the drafter's reference, which the breakdowns use
-        rows += throughput_sweep(model, prompts, args.new, drafter, budgets, cuda_graph=graphed)
-        print(pd.DataFrame(rows).to_string(index=False), flush=True)
+    for label in args.accuracies.split(","):
+        drafter = drafter_for(label)
+        for graphed in graph_modes:
+            rows += [r | {"accuracy": label} for r in
+                     throughput_sweep(model, prompts, args.new, drafter, budgets, cuda_graph=graphed)]
+            print(pd.DataFrame(rows).tail(len(budgets) + 2).to_string(index=False), flush=True)
+    drafter = drafter_for(args.accuracies.split(",")[0])
+    set_greedy_reference(model, prompts, args.new, drafter)
     through = pd.DataFrame(rows)
     through.to_csv(args.out / "engine_throughput.csv", index=False)
 
@@ -78,8 +89,10 @@ def main() -> None:
                 drafter=asdict(get_drafter_config(args.drafter)), calibration=PAPER_MATH500_QWEN3_8B,
                 device=torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
                 torch=torch.__version__, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                best_budget=int(through[through["mode"] == "ddtree"].sort_values("tokens_per_s")
-                                .iloc[-1]["budget"]))
+                best_budget={f"{acc}/{'graph' if g else 'eager'}": int(part.sort_values("tokens_per_s")
+                                                                         .iloc[-1]["budget"])
+                             for (acc, g), part in through[through["mode"] == "ddtree"]
+                             .groupby(["accuracy", "cuda_graph"])})
     (args.out / "engine_meta.json").write_text(json.dumps(meta, indent=2))
     print(json.dumps({k: meta[k] for k in ("device", "best_budget")}))
 

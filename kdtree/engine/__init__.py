@@ -9,10 +9,10 @@ from kdtree.engine.ddtree import (DecodeState, Generation, ar_phases, capture, c
                                   generate, prefill, run_phases, start)
 from kdtree.engine.drafter import PAPER_MATH500_QWEN3_8B, Drafter, SyntheticDrafter, simulate_acceptance
 from kdtree.engine.model import Transformer, build_model, latent_attention, visibility_mask
-from kdtree.engine.profile import step_breakdown, throughput_sweep
+from kdtree.engine.profile import set_greedy_reference, step_breakdown, throughput_sweep
 
 __all__ = ["DRAFTER_PRESETS", "MODEL_PRESETS", "PAPER_MATH500_QWEN3_8B", "DecodeState", "Drafter",
            "DrafterConfig", "Generation", "KVCache", "ModelConfig", "SyntheticDrafter", "Transformer",
            "allocate_cache", "ar_phases", "build_model", "capture", "chain_tree", "ddtree_phases", "generate",
-           "get_config", "get_drafter_config", "latent_attention", "prefill", "run_phases",
+           "get_config", "get_drafter_config", "latent_attention", "prefill", "run_phases", "set_greedy_reference",
            "simulate_acceptance", "start", "step_breakdown", "throughput_sweep", "tp_slice", "visibility_mask"]

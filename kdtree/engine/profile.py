@@ -137,13 +137,21 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
     return rows
 
 
+def set_greedy_reference(model, prompts, max_new_tokens: int, drafter: SyntheticDrafter,
+                         cuda_graph: bool = False) -> torch.Tensor:
+    """Decode greedily ``max_new_tokens + draft_len`` tokens (so the last drafts are covered too),
+    make that the synthetic drafter's reference, and return the first ``max_new_tokens`` [B, T]."""
+    ref = generate(model, prompts, max_new_tokens + drafter.draft_len, mode="ar", cuda_graph=cuda_graph)
+    drafter.set_reference(ref.tokens)
+    return ref.tokens[:, :max_new_tokens]
+
+
 def throughput_sweep(model, prompts, max_new_tokens: int, drafter: SyntheticDrafter,
                      budgets=(1, 16, 32, 64, 128, 256, 512), chain: bool = True,
                      cuda_graph: bool = False) -> list[dict]:
     """Tokens per second and acceptance length of greedy DDTree against budget, beside greedy decoding.
 
-    Runs greedy autoregressive decoding first; its output (``draft_len`` tokens longer than
-    needed, so the last drafts are covered too) becomes the synthetic drafter's reference. Then
+    Runs greedy autoregressive decoding first (``set_greedy_reference``). Then
     DDTree at every budget, and with ``chain`` the single-chain drafter (``topk=1``,
     ``budget=draft_len``, DFlash without a tree). Every run must reproduce the greedy tokens
     (checked; in bf16 a mismatch is reported in the ``lossless`` column rather than raised).
@@ -155,9 +163,7 @@ def throughput_sweep(model, prompts, max_new_tokens: int, drafter: SyntheticDraf
         tokens_per_s, speedup (over ar), lossless, seconds, cuda_graph.
     """
     L = drafter.draft_len
-    ref = generate(model, prompts, max_new_tokens + L, mode="ar", cuda_graph=cuda_graph)
-    drafter.set_reference(ref.tokens)
-    greedy = ref.tokens[:, :max_new_tokens]
+    greedy = set_greedy_reference(model, prompts, max_new_tokens, drafter, cuda_graph)
     base = generate(model, prompts, max_new_tokens, mode="ar", cuda_graph=cuda_graph)
     runs = [("ar", 0, None, base)]
     if chain:
