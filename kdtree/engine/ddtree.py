@@ -110,7 +110,21 @@ class Generation:
 
 
 def chain_tree(lengths: torch.Tensor, nodes: int) -> Tree:
-    """Chains of ``lengths[b]`` nodes padded to ``nodes`` rows: prefill's causal mask as a Tree."""
+    """Chains as a Tree: prefill's causal mask, and (one node) a decode step's.
+
+    Parameters
+    ----------
+    lengths : int tensor [B]
+        Real nodes per sequence, 1..nodes.
+    nodes : int
+        N, rows per sequence (the rest are padding: parent and depth -1, no visibility).
+
+    Returns
+    -------
+    Tree
+        Node i's parent is i - 1 and its visibility covers nodes 0..i; built with tensor ops on
+        ``lengths``' device (no host loop, unlike ``Tree.from_parents``).
+    """
     dev = lengths.device
     i = torch.arange(nodes, device=dev)
     real = i[None, :] < lengths[:, None]
@@ -153,7 +167,23 @@ def _check_generate(model, prompts, max_new_tokens, mode, drafter, budget, topk)
 @torch.no_grad()
 def prefill(model: Transformer, prompts: list[torch.Tensor], capacity: int, max_new: int,
             draft_len: int) -> DecodeState:
-    """Run the prompts (one padded chain each) and return the state after the first new token."""
+    """Run the prompts and return the decode state after the first new token.
+
+    Parameters
+    ----------
+    model : Transformer
+    prompts : list of 1-D integer tensors
+        Right-padded into one chain per sequence; every prompt row goes to the cache.
+    capacity : int
+        Cache rows per sequence.
+    max_new, draft_len : int
+        Size the output buffer (``max_new + draft_len + 2`` columns).
+
+    Returns
+    -------
+    DecodeState
+        ``cache.lengths`` = prompt lengths, root = the first new token (already in ``out``).
+    """
     dev = model.embed.weight.device
     B = len(prompts)
     lens = torch.tensor([p.numel() for p in prompts], device=dev)
@@ -247,8 +277,21 @@ def run_phases(phases: list[tuple[str, Callable[[], None]]]) -> None:
 
 
 def capture(step, warmup: int = 2) -> torch.cuda.CUDAGraph:
-    """Run ``warmup`` real steps on a side stream (compiles kernels, sizes workspaces), then
-    capture one step in a CUDA graph. Capturing does not execute, so no step is lost."""
+    """Capture ``step`` in a CUDA graph after ``warmup`` real steps on a side stream.
+
+    The warm-up compiles kernels and sizes workspaces; capturing records without executing,
+    so no step is lost or repeated. Replaying the returned graph runs one step.
+
+    Parameters
+    ----------
+    step : callable
+        No arguments, no host synchronisation (``run_phases`` of ``start``'s phases).
+    warmup : int
+
+    Returns
+    -------
+    torch.cuda.CUDAGraph
+    """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

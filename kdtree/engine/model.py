@@ -62,10 +62,26 @@ def visibility_mask(visibility: torch.Tensor, prefix_lens: torch.Tensor, kv_len:
 
 def latent_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
                      v_dim: int) -> torch.Tensor:
-    """Masked absorbed-MLA attention in float32: q [B, N, H, D] over kv [B, S, D] -> [B, N, H, v_dim].
+    """Masked absorbed-MLA attention, computed in float32.
 
-    Values are the first ``v_dim`` entries of each latent row. A row that sees nothing (a
-    padding node with an empty prefix) gets zeros rather than NaN, as the kernels do.
+    Parameters
+    ----------
+    q : tensor [B, N, H, D]
+        Absorbed queries (D = kv_lora_rank + qk_rope_dim).
+    kv : tensor [B, S, D]
+        Latent cache rows; the values are their first ``v_dim`` entries.
+    mask : bool tensor [B, N, S]
+        ``visibility_mask``: which rows each query may see.
+    scale : float
+        Softmax scale.
+    v_dim : int
+        kv_lora_rank.
+
+    Returns
+    -------
+    tensor [B, N, H, v_dim] in q's dtype
+        A row that sees nothing (a padding node with an empty prefix) gets zeros rather than
+        NaN, as the kernels do.
     """
     s = torch.einsum("bnhd,bsd->bnhs", q.float(), kv.float()) * scale
     s = s.masked_fill(~mask[:, :, None, :], float("-inf"))
@@ -265,9 +281,20 @@ def build_model(cfg: ModelConfig, seed: int = 0, device="cpu",
                 dtype: torch.dtype = torch.float32) -> Transformer:
     """The target model with random weights drawn on ``device`` from a generator seeded ``seed``.
 
-    Linear and expert weights are N(0, 1 / fan_in), so activations and logits stay O(1) at any
-    width; embeddings N(0, 1); norms 1. Nothing is downloaded. The same seed gives the same
-    weights on the same device type (CPU and CUDA generators differ).
+    Parameters
+    ----------
+    cfg : ModelConfig
+    seed : int
+    device, dtype
+        Where the weights live and their precision (bf16 for the CUDA kernels).
+
+    Returns
+    -------
+    Transformer
+        In eval mode without gradients. Linear and expert weights are N(0, 1 / fan_in), so
+        activations and logits stay O(1) at any width; embeddings N(0, 1); norms 1. Nothing is
+        downloaded. The same seed gives the same weights on the same device type (CPU and CUDA
+        generators differ).
     """
     with torch.device("meta"):
         model = Transformer(cfg)
