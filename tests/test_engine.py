@@ -7,7 +7,7 @@ from kdtree.attention import HEADS, random_case, reference_attention
 from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, ModelConfig, SyntheticDrafter, allocate_cache, build_model,
                            chain_tree, generate, get_config, get_drafter_config, latent_attention,
                            simulate_acceptance, tp_slice, visibility_mask)
-from kdtree.engine.ddtree import DecodeState, _advance
+from kdtree.engine.ddtree import DecodeState, _advance, run_phases, start
 from kdtree.engine.model import MoE, SwiGLU, Transformer, rope
 from kdtree.engine.profile import step_breakdown, throughput_sweep
 from kdtree.tree import Tree
@@ -158,6 +158,22 @@ def test_ddtree_is_lossless(model, greedy, batch, budget):
     assert out.steps < ref.steps if budget > 1 else out.mean_accepted <= 2.0
     if budget >= 4:
         assert out.mean_accepted > 1.5
+
+
+def test_compacted_cache_equals_greedy_cache(model, greedy):
+    """After DDTree steps, every layer's committed latent rows are the rows greedy decoding wrote."""
+    prompts = _prompts(BATCHES["three"])
+    states = []
+    for mode in ("ar", "ddtree"):
+        state, phases = start(model, prompts, 40, mode, _drafter(greedy["three"].tokens), budget=16)
+        while int(state.n_out.min()) < 40:
+            run_phases(phases)
+        states.append(state)
+    ar, dd = states
+    for b, p in enumerate(prompts):
+        n = p.numel() + 39  # the prompt and the first 39 new tokens are committed in both
+        assert int(dd.cache.lengths[b]) >= n
+        torch.testing.assert_close(dd.cache.kv[:, b, :n], ar.cache.kv[:, b, :n], atol=1e-5, rtol=1e-5)
 
 
 def test_chain_drafter_is_lossless(model, greedy):
