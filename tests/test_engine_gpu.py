@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kdtree.engine import (SyntheticDrafter, allocate_cache, build_model, chain_tree, generate, get_config,
-                           get_drafter_config)
+                           get_drafter_config, step_breakdown, throughput_sweep)
 
 pytestmark = pytest.mark.gpu
 
@@ -109,3 +109,18 @@ def test_graph_replay_equals_eager(mode, budget):
     assert torch.equal(graph.accepted, eager.accepted)
     print(f"\n{mode} budget={budget}: eager {eager.seconds * 1e3:.1f} ms, graph {graph.seconds * 1e3:.1f} ms "
           f"for {eager.steps} steps (unwarmed, includes capture)")
+
+
+@torch.no_grad()
+def test_breakdown_and_sweep_run_in_graphs():
+    """The measurement entry points run end to end under graph replay (numbers: scripts/engine_bench.py)."""
+    model = _model("kimi_k2_tp8")
+    prompts = _prompts(model.cfg.vocab_size)
+    drafter = _drafter(model, torch.zeros(len(prompts), 1, dtype=torch.long, device="cuda"))
+    rows = throughput_sweep(model, prompts, 32, drafter, budgets=(16, 64), cuda_graph=True)
+    assert all(r["tokens_per_s"] > 0 for r in rows) and rows[-1]["tau"] > 2.0
+    by = {r["phase"]: r for r in step_breakdown(model, prompts, drafter=drafter, budget=64, steps=5,
+                                                timing="graph", max_new_tokens=32)}
+    assert all(by[p]["median_us"] > 0 for p in ("draft", "topk", "build", "verify", "accept", "compact",
+                                                "commit", "step", "host", "verify.attention"))
+    print("\n" + ", ".join(f"{p} {r['median_us']:.0f} us" for p, r in by.items()))
