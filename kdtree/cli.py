@@ -36,8 +36,13 @@ def _sweep(args) -> int:
     from kdtree.bench.report import render_run
     from kdtree.bench.sweep import run_sweep, summary
 
-    run_dir = run_sweep(args.spec, run_id=args.run_id, resume=args.resume, profile=args.profile,
-                        timeout=args.timeout, executor=args.executor, scheduler=args.scheduler)
+    try:
+        run_dir = run_sweep(args.spec, run_id=args.run_id, resume=args.resume, profile=args.profile,
+                            timeout=args.timeout, executor=args.executor, scheduler=args.scheduler)
+    except KeyboardInterrupt:
+        print("sweep interrupted: finished points are kept; run again with the same --run-id (or --resume)",
+              file=sys.stderr)
+        return 130
     s = summary(run_dir)
     if args.report:
         print(f"report: {render_run(run_dir, args.reports)}")

@@ -147,14 +147,25 @@ def test_bad_executor_arguments_name_the_argument(tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()                    # nothing written before the cluster answered
 
 
-def test_cli_takes_the_executor(tmp_path):
-    from kdtree.cli import build_parser
+def test_cli_passes_the_executor_and_reports_an_interrupted_sweep(monkeypatch, capsys):
+    from kdtree.cli import build_parser, main
 
     args = build_parser().parse_args(["sweep", "s.yaml", "--executor", "dask", "--scheduler", "tcp://h:8786"])
     assert (args.executor, args.scheduler) == ("dask", "tcp://h:8786")
     assert build_parser().parse_args(["sweep", "s.yaml"]).executor == "local"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["sweep", "s.yaml", "--executor", "slurm"])
+
+    seen = {}
+
+    def interrupted(spec, **kw):
+        seen.update(kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_sweep", interrupted)
+    assert main(["sweep", "s.yaml", "--executor", "dask", "--scheduler", "tcp://h:8786"]) == 130
+    assert (seen["executor"], seen["scheduler"]) == ("dask", "tcp://h:8786")
+    assert "finished points are kept" in capsys.readouterr().err
 
 
 def test_local_executor_pins_one_worker_per_visible_gpu(monkeypatch):
