@@ -1,4 +1,6 @@
 """CPU tests of the torch engine (float32): the model's math, the drafter, and the lossless loop."""
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -174,6 +176,24 @@ def test_compacted_cache_equals_greedy_cache(model, greedy):
         n = p.numel() + 39  # the prompt and the first 39 new tokens are committed in both
         assert int(dd.cache.lengths[b]) >= n
         torch.testing.assert_close(dd.cache.kv[:, b, :n], ar.cache.kv[:, b, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_lossless_at_kimi_attention_shapes():
+    """The same exactness with Kimi K2's per-GPU attention (8 heads, latent 512 + 64, nope and value
+    128) at a small hidden width, so the float32 path runs the kernels' 576-wide rows."""
+    cfg = replace(get_config("kimi_k2_tp8"), n_layers=2, dim=128, q_lora_rank=64, inter_dim=128,
+                  moe_inter_dim=32, vocab_size=512)
+    model = build_model(cfg, seed=1)
+    prompts = [p % 512 for p in _prompts((12, 33))]
+    textbook = _unabsorbed_logits(model, prompts[1][None])
+    cache = allocate_cache(cfg, 1, 40)
+    torch.testing.assert_close(model(prompts[1][None], chain_tree(torch.tensor([33]), 33), cache), textbook,
+                               atol=1e-4, rtol=1e-4)
+    ref = generate(model, prompts, 48)
+    drafter = SyntheticDrafter(get_drafter_config("tiny"), 512, accuracy=0.85)
+    drafter.set_reference(ref.tokens)
+    out = generate(model, prompts, 48, mode="ddtree", drafter=drafter, budget=32)
+    assert torch.equal(out.tokens, ref.tokens) and out.mean_accepted > 2.0
 
 
 def test_chain_drafter_is_lossless(model, greedy):
