@@ -321,7 +321,7 @@ def _run_points(client, points: list[Point], spec: dict, run_dir: Path, manifest
     """Submit ``points`` (retried once by dask) and record each as it completes."""
     from distributed import as_completed
 
-    futures = {client.submit(_execute, p, spec, run_dir, kernel_name, timeout, retries=1, pure=False,
+    futures = {client.submit(_execute, p, spec, run_dir, kernel_name, timeout, retries=1,
                              key=f"kdtree-point-{p.point_id}-{os.urandom(4).hex()}"): p for p in points}
     try:
         for fut in as_completed(futures):
