@@ -2,7 +2,7 @@
 # The default sweep on a GPU host through the local executor (one dask worker per visible GPU,
 # pinned with CUDA_VISIBLE_DEVICES), with its report, in one call. For an offline host: the
 # notebook stack and dask come from the wheels in .whl (kdtree wheelhouse, or pip download).
-# Usage: KDTREE_GIT_SHA=<sha> bash scripts/gpu_sweep_local.sh [OUT_DIR]
+# Usage: KDTREE_GIT_SHA=<sha> [SWEEP_LIMIT=seconds] bash scripts/gpu_sweep_local.sh [OUT_DIR]
 # OUT_DIR gets the logs and <run-id>.tgz (parameterized_runs/<run-id>/ and reports/<run-id>/);
 # unpack it in the checkout with `tar xzf <run-id>.tgz`.
 set -uo pipefail
@@ -21,7 +21,7 @@ fi
 python3 -c "import dask, distributed, papermill; print('dask', dask.__version__, 'papermill', papermill.__version__)"
 
 # SIGINT at the limit: the sweep records its finished points, marks the rest and stops cleanly.
-timeout -s INT -k 20 200 python3 -m kdtree.cli sweep parameterized_runs/default.yaml --executor local \
+timeout -s INT -k 20 "${SWEEP_LIMIT:-200}" python3 -m kdtree.cli sweep parameterized_runs/default.yaml --executor local \
     --run-id "$rid" --report 2>&1 | grep -vE "distributed\.|IPKernelApp|without encryption" | tee "$out/sweep.log"
 rc=$?
 if [ ! -f "reports/$rid/index.html" ] && [ -f "parameterized_runs/$rid/run.json" ]; then
