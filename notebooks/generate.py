@@ -109,6 +109,48 @@ NOTEBOOKS = {
         ("code", "plots.table(df, ['variant', 'q_len', 'prefix', 'batch', 'heads', 'mode', 'l2', 'median_us',\n"
                  "                  'achieved_tflops', 'achieved_tbs', 'bound', 'fraction', 'diagnosis'])"),
     ],
+    "03_ddtree_step": [
+        ("md", "# The DDTree decode step\n\nThe whole loop on the engine's MLA+MoE target (random "
+               "weights) with the synthetic block drafter (acceptance is a parameter; `paper` is its "
+               "calibration to the DDTree paper's MATH-500 / Qwen3-8B figures). Throughput and "
+               "acceptance length against budget beside greedy decoding and the single chain, then "
+               "where a step's time goes. Only the systems side compares with the paper."),
+        ("parameters", "preset = 'tiny'  # model preset (kdtree.engine.MODEL_PRESETS)\n"
+                       "layers = 0  # override the preset's layer count (0: keep)\n"
+                       "drafter = 'tiny'  # drafter preset\n"
+                       "batch = 2  # sequences\n"
+                       "prompt = 16  # prompt tokens\n"
+                       "new = 32  # new tokens per sequence\n"
+                       "budgets = [1, 4, 16]  # DDTree budgets\n"
+                       "breakdown_budgets = [4]  # budgets of the step breakdown\n"
+                       "accuracies = ['paper']  # drafter top-1 accuracies ('paper' = calibrated)\n"
+                       "steps = 3  # timed steps per breakdown\n" + RUN_PARAMETERS.format(name="ddtree_step")),
+        ("code", "import pandas as pd\n\n"
+                 "from kdtree.bench import plots\n"
+                 "from kdtree.bench.ceilings import get_ceilings\n"
+                 "from kdtree.bench.results import save_table\n"
+                 "from kdtree.engine.profile import engine_tables\n\n"
+                 "ceilings = get_ceilings(ceilings_path or None, quick=True)\n"
+                 "through, breakdown, meta = engine_tables(preset, layers=layers or None, drafter=drafter, batch=batch,\n"
+                 "                                         prompt=prompt, new=new, budgets=budgets,\n"
+                 "                                         breakdown_budgets=breakdown_budgets,\n"
+                 "                                         accuracies=accuracies, steps=steps)\n"
+                 "save_table(pd.concat([through.assign(table='throughput'), breakdown.assign(table='breakdown')],\n"
+                 "                     ignore_index=True), results_path)\n"
+                 "print(meta['device'], '| best budget:', meta['best_budget'])"),
+        ("md", "## Throughput and acceptance against budget"),
+        ("code", "tree = through[through.decode == 'ddtree']\n"
+                 "base = through[through.decode == 'ar']['tokens_per_s'].max()\n"
+                 "plots.show(plots.lines(tree, 'budget', 'tokens_per_s', ['accuracy', 'mode'], 'DDTree tokens/s',\n"
+                 "                       ceilings, y_title='tokens / s', log_y=False, spread=False,\n"
+                 "                       hlines={'greedy decoding': base}))\n"
+                 "plots.show(plots.lines(tree, 'budget', 'tau', ['accuracy', 'mode'], 'Acceptance length',\n"
+                 "                       ceilings, y_title='tokens per step', log_y=False, spread=False))\n"
+                 "plots.table(through)"),
+        ("md", "## Where a step's time goes"),
+        ("code", "plots.table(breakdown.pivot_table(index='phase', columns=['mode', 'decode', 'budget'],\n"
+                 "                                  values='median_us').round(1).reset_index())"),
+    ],
     "99_summary": [
         ("md", "# Run summary\n\nEvery point of the run, the device ceilings, the roofline of all "
                "verify-attention points, and one diagnosis line per kernel, variant, timing mode "

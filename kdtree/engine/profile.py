@@ -180,3 +180,72 @@ def throughput_sweep(model, prompts, max_new_tokens: int, drafter: SyntheticDraf
                          lossless=bool(torch.equal(out.tokens, greedy)), seconds=out.seconds,
                          cuda_graph=cuda_graph))
     return rows
+
+
+def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, drafter: str = "small",
+                  batch: int = 1, prompt: int = 512, new: int = 256,
+                  budgets=(1, 16, 32, 64, 128, 256, 512), breakdown_budgets=(16, 64, 256, 512),
+                  accuracies=("paper", "0.7", "0.8", "0.95"), steps: int = 20, seed: int = 0):
+    """Issue 5's two tables for one model: throughput against budget and the step breakdown.
+
+    Builds the preset (bf16 on CUDA, float32 on CPU) and the synthetic drafter at each accuracy
+    (``"paper"`` is its calibration to the DDTree paper, ``PAPER_MATH500_QWEN3_8B``; a number
+    is a top-1 accuracy at the same spread), runs ``throughput_sweep`` per accuracy, eagerly
+    and (on CUDA) under graph replay, then ``step_breakdown`` for greedy decoding and each
+    breakdown budget with the first accuracy.
+
+    Returns
+    -------
+    throughput, breakdown : pandas.DataFrame
+        Tidy rows; ``mode`` is the timing mode (eager, graph or host) and ``decode`` the decode
+        mode (ar, chain, ddtree), so the tables combine with the workbook's.
+    meta : dict
+        Model, drafter, calibration, device, and the best budget per accuracy and timing mode.
+    """
+    from dataclasses import asdict, replace
+
+    import pandas as pd
+
+    from kdtree.engine.config import get_config, get_drafter_config
+    from kdtree.engine.drafter import PAPER_MATH500_QWEN3_8B
+    from kdtree.engine.model import build_model
+
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cfg = get_config(preset)
+    cfg = replace(cfg, n_layers=layers) if layers else cfg
+    model = build_model(cfg, seed=seed, device=device, dtype=dtype)
+    dcfg = get_drafter_config(drafter)
+
+    def drafter_for(label: str) -> SyntheticDrafter:
+        knobs = PAPER_MATH500_QWEN3_8B | ({} if label == "paper" else {"accuracy": float(label)})
+        return SyntheticDrafter(dcfg, cfg.vocab_size, seed=seed, device=device, dtype=dtype, **knobs)
+
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, cfg.vocab_size, (prompt,), generator=gen).to(device) for _ in range(batch)]
+    rows = []
+    for label in accuracies:
+        d = drafter_for(str(label))
+        for graphed in (False, True) if cuda else (False,):
+            rows += [r | {"accuracy": str(label)} for r in
+                     throughput_sweep(model, prompts, new, d, list(budgets), cuda_graph=graphed)]
+    through = pd.DataFrame(rows).rename(columns={"mode": "decode"})
+    through["mode"] = np.where(through.pop("cuda_graph"), "graph", "eager") if cuda else "host"
+
+    first = drafter_for(str(accuracies[0]))
+    set_greedy_reference(model, prompts, new, first)
+    rows = []
+    for timing in ("eager", "graph") if cuda else ("eager",):
+        rows += step_breakdown(model, prompts, mode="ar", steps=steps, timing=timing, max_new_tokens=new)
+        for b in breakdown_budgets:
+            rows += step_breakdown(model, prompts, mode="ddtree", drafter=first, budget=b, steps=steps,
+                                   timing=timing, max_new_tokens=new)
+    breakdown = pd.DataFrame(rows).rename(columns={"mode": "decode", "timing": "mode"})
+    if not cuda:
+        breakdown["mode"] = "host"
+    tree = through[through.decode == "ddtree"]
+    meta = dict(preset=preset, model=asdict(cfg), drafter=asdict(dcfg), calibration=PAPER_MATH500_QWEN3_8B,
+                device=torch.cuda.get_device_name() if cuda else "cpu", batch=batch, prompt=prompt, new=new,
+                best_budget={f"{acc}/{mode}": int(part.sort_values("tokens_per_s").iloc[-1]["budget"])
+                             for (acc, mode), part in tree.groupby(["accuracy", "mode"])})
+    return through, breakdown, meta
