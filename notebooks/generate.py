@@ -123,7 +123,7 @@ NOTEBOOKS = {
                        "new = 32  # new tokens per sequence\n"
                        "budgets = [1, 4, 16]  # DDTree budgets\n"
                        "breakdown_budgets = [4]  # budgets of the step breakdown\n"
-                       "accuracies = ['paper']  # drafter top-1 accuracies ('paper' = calibrated)\n"
+                       "accuracies = ['paper']  # drafter top-1 accuracies; paper is the calibrated drafter\n"
                        "steps = 3  # timed steps per breakdown\n" + RUN_PARAMETERS.format(name="ddtree_step")),
         ("code", "import pandas as pd\n\n"
                  "from kdtree.bench import plots\n"
