@@ -77,11 +77,12 @@ _COMMON = ("-std=c++17",)
 
 
 def nvcc_compile(name: str, defines: dict | None = None, arch: str = "sm_90",
-                 extra: tuple[str, ...] = ()) -> bytes:
-    """Compile ``cuda/<name>.cu`` to a cubin with nvcc (no GPU needed) and return its bytes.
+                 extra: tuple[str, ...] = ()) -> Path:
+    """Compile ``cuda/<name>.cu`` to a cubin with nvcc (no GPU needed) and return its path.
 
     ``arch`` is ``sm_90`` or ``sm_90a`` (the latter for ``wgmma``). Results are cached on disk,
-    keyed on the inlined source, options and arch. Raises ``RuntimeError`` with nvcc's output.
+    keyed on the inlined source, options and arch; the cached file is what gets loaded.
+    Raises ``RuntimeError`` with nvcc's output.
     """
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     src = read_source(name)
@@ -90,7 +91,7 @@ def nvcc_compile(name: str, defines: dict | None = None, arch: str = "sm_90",
     cache = Path(os.environ.get("KDTREE_CACHE", Path.home() / ".cache" / "kdtree"))
     out = cache / f"{name}-{arch}-{key}.cubin"
     if out.exists():
-        return out.read_bytes()
+        return out
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cu = Path(tmp) / f"{name}.cu"
@@ -105,7 +106,7 @@ def nvcc_compile(name: str, defines: dict | None = None, arch: str = "sm_90",
     tmp_out = out.with_suffix(f".{os.getpid()}.tmp")
     tmp_out.write_bytes(data)
     tmp_out.replace(out)
-    return data
+    return out
 
 
 def nvrtc_compile(name: str, defines: dict | None = None, arch: str = "compute_90") -> str:
@@ -131,11 +132,7 @@ def _module(name: str, options: tuple[str, ...], compiler: str, arch: str, src_k
     if compiler == "nvrtc":
         return cupy.RawModule(code=read_source(name), options=_COMMON + options)
     cubin = nvcc_compile(name, dict(o[2:].split("=", 1) for o in options), arch=arch)
-    cache = Path(os.environ.get("KDTREE_CACHE", Path.home() / ".cache" / "kdtree"))
-    path = cache / f"{name}-{arch}-{hashlib.sha256(cubin).hexdigest()[:24]}.load.cubin"
-    if not path.exists():
-        path.write_bytes(cubin)
-    return cupy.RawModule(path=str(path))
+    return cupy.RawModule(path=str(cubin))
 
 
 def get_kernel(name: str, kernel: str, defines: dict | None = None, *,

@@ -16,7 +16,7 @@ def test_nvcc_compiles_for_sm90(name, tmp_path, monkeypatch):
         pytest.fail("nvcc not found: CI must have the CUDA compiler to check the kernels")
     monkeypatch.setenv("KDTREE_CACHE", str(tmp_path))
     cubin = kernels.nvcc_compile(name, arch="sm_90")
-    assert cubin[:4] == b"\x7fELF"
+    assert cubin.read_bytes()[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("name", kernels.sources())
