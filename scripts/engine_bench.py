@@ -2,17 +2,21 @@
 
 Usage (GPU host, from the repository root):
 
-    python scripts/engine_bench.py --out DIR [--preset kimi_k2_attn] [--layers 8] [--batch 1]
+    PYTHONPATH=. python scripts/engine_bench.py --out DIR [--preset kimi_k2_attn] [--layers 8] [--batch 1]
         [--prompt 512] [--new 256] [--budgets 1,16,32,64,128,256,512] [--drafter small]
         [--accuracies paper,0.7,0.8,0.95]
 
 Writes ``DIR/engine_throughput.csv`` (greedy, the single chain and DDTree per budget: tau,
-tokens/s, speedup, lossless) and ``DIR/engine_breakdown.csv`` (per-phase step time), each in
-eager mode and under CUDA-graph replay, plus ``DIR/engine_meta.json``. The drafter is the
-synthetic one; ``paper`` is its calibration to the DDTree paper (``PAPER_MATH500_QWEN3_8B``),
-a number is a top-1 accuracy at the same spread, and the breakdowns use the first entry. The
-target has random weights, so only the systems side compares with the paper. Without CUDA it runs eagerly in
-float32 (``--preset tiny`` as a smoke test).
+tokens/s, speedup, lossless, agree_ar, first_divergence, reference_rounds, self_consistent)
+and ``DIR/engine_breakdown.csv`` (per-phase step time), each in eager mode and under
+CUDA-graph replay, plus ``DIR/engine_meta.json``. The drafter is the synthetic one; ``paper``
+is its calibration to the DDTree paper (``PAPER_MATH500_QWEN3_8B``), a number is a top-1
+accuracy at the same spread, and the breakdowns use the first entry. The drafter's truth is
+the target's greedy continuation along the path each run decodes: greedy decoding's output
+where the run reproduces it (always in float32), the run's own output where a bf16 rounding
+tie parts it from greedy decoding (``lossless`` False; ``kdtree.engine.profile.self_consistent_run``).
+The target has random weights, so only the systems side compares with the paper. Without
+CUDA it runs eagerly in float32 (``--preset tiny`` as a smoke test).
 """
 import argparse
 import json

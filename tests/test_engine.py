@@ -11,7 +11,7 @@ from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, ModelConfig, S
                            simulate_acceptance, tp_slice, visibility_mask)
 from kdtree.engine.ddtree import DecodeState, _advance, run_phases, start
 from kdtree.engine.model import MoE, SwiGLU, Transformer, rope
-from kdtree.engine.profile import step_breakdown, throughput_sweep
+from kdtree.engine.profile import self_consistent_run, step_breakdown, throughput_sweep
 from kdtree.tree import Tree
 
 NEW = 96
@@ -143,6 +143,27 @@ def test_moe_matches_per_token_loop(model, gen):
                            @ moe.w2[e[t, s]].T for s in range(moe.k)) for t in range(flat.shape[0])])
     ref = ref + moe.shared(flat)
     torch.testing.assert_close(moe(x), ref.view_as(x), atol=1e-5, rtol=1e-5)
+
+
+def test_router_is_float32_in_every_dtype(gen):
+    """In a bf16 model the MoE gate weight stays float32, drawn from the seed, and the routing
+    scores are computed from x in float32 (a bf16 gate matmul flips near-tied experts between
+    computation paths)."""
+    cfg = get_config("tiny")
+    model = build_model(cfg, seed=3, dtype=torch.bfloat16)
+    again = build_model(cfg, seed=3, dtype=torch.bfloat16)
+    for name, p in model.named_parameters():
+        assert p.dtype == (torch.float32 if name.endswith("ffn.gate.weight") else torch.bfloat16), name
+        assert torch.equal(p, again.get_parameter(name)), name  # the seed fixes every weight
+    moe = model.layers[1].ffn
+    assert float(moe.gate.weight.std()) == pytest.approx(cfg.dim ** -0.5, rel=0.2)  # initialised, N(0, 1/fan_in)
+    x = torch.randn(7, cfg.dim, generator=gen).to(torch.bfloat16)
+    scores = moe.scores(x)
+    assert scores.dtype == torch.float32
+    torch.testing.assert_close(scores, torch.sigmoid(x.double() @ moe.gate.weight.double().T).float(),
+                               atol=1e-6, rtol=1e-6)
+    y = moe(x[None])
+    assert y.dtype == torch.bfloat16 and y.shape == (1, 7, cfg.dim) and bool(y.isfinite().all())
 
 
 # ---- the loop ----
@@ -315,11 +336,41 @@ def test_step_breakdown_rows(model, greedy, mode):
         step_breakdown(model, _prompts([3]), mode="ar", timing="graph")
 
 
-def test_throughput_sweep_rows(model):
+def test_throughput_sweep_rows(model, greedy):
     drafter = _drafter(torch.zeros(1, 1, dtype=torch.long))  # the sweep sets the reference
-    rows = throughput_sweep(model, _prompts(BATCHES["three"]), 32, drafter, budgets=(1, 16))
+    refs = {}
+    rows = throughput_sweep(model, _prompts(BATCHES["three"]), 32, drafter, budgets=(1, 16), references=refs)
     assert [(r["mode"], r["budget"]) for r in rows] == [("ar", 0), ("chain", 15), ("ddtree", 1), ("ddtree", 16)]
     assert all(r["lossless"] and r["tokens_per_s"] > 0 for r in rows)
+    # float32: every run reproduces greedy decoding, so the first round's reference (greedy's) stands
+    assert all(r["agree_ar"] == 1.0 and r["first_divergence"] == -1 and r["self_consistent"] for r in rows)
+    assert [r["reference_rounds"] for r in rows] == [0, 1, 1, 1]
+    assert sorted(refs) == [("chain", 15, False), ("ddtree", 1, False), ("ddtree", 16, False)]
+    assert all(torch.equal(ref, greedy["three"].tokens[:, :32 + drafter.draft_len]) for ref in refs.values())
     by = {(r["mode"], r["budget"]): r for r in rows}
     assert by[("ar", 0)]["tau"] == 1.0 and by[("ar", 0)]["speedup"] == 1.0
     assert by[("ddtree", 16)]["tau"] > by[("ddtree", 1)]["tau"] > 1.0
+
+
+def test_self_consistent_run_adopts_the_decoded_path(model, greedy):
+    """A reference that parts from what DDTree decodes (here: greedy output with two tokens
+    changed, as a bf16 rounding tie would make it) is replaced by the run's own output, which
+    then agrees; the drafter then drafts the decoded path again, so the acceptance recovers."""
+    prompts, new = _prompts(BATCHES["three"]), 48
+    truth = greedy["three"].tokens[:, :new + 15]
+    wrong = truth.clone()
+    wrong[0, 5] = (wrong[0, 5] + 1) % 256
+    wrong[2, 30] = (wrong[2, 30] + 1) % 256
+    drafter = _drafter(wrong, accuracy=0.9)
+    out, ref, rounds = self_consistent_run(model, prompts, new, drafter, wrong, budget=16)
+    assert rounds == 2 and torch.equal(ref, truth) and torch.equal(drafter.reference, truth)
+    assert torch.equal(out.tokens, truth[:, :new])
+    capped, ref1, rounds1 = self_consistent_run(model, prompts, new, drafter, wrong, budget=16, max_rounds=1)
+    assert rounds1 == 1 and torch.equal(ref1, wrong)
+    assert torch.equal(capped.tokens, truth[:, :new])  # lossless whatever the drafter says
+    assert not torch.equal(capped.tokens, ref1[:, :new])  # ... but not self-consistent
+    assert out.mean_accepted > capped.mean_accepted
+    with pytest.raises(ValueError, match="max_rounds"):
+        self_consistent_run(model, prompts, new, drafter, wrong, budget=16, max_rounds=0)
+    with pytest.raises(ValueError, match="reference"):
+        self_consistent_run(model, prompts, new, drafter, wrong[:, :10], budget=16)

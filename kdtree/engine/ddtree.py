@@ -9,7 +9,9 @@ One DDTree step, for all sequences at once:
 Greedy DDTree is lossless: every emitted token is the target's argmax given the tokens before
 it, exactly what greedy autoregressive decoding emits. On CPU in float32 the two agree token
 for token (``tests/test_engine.py``); in bf16 they may part only where the target's top two
-logits are within rounding of each other (``tests/test_engine_gpu.py``).
+logits are within rounding of each other (``tests/test_engine_gpu.py``), which is why the
+measurements give the synthetic drafter the continuation the measured run decodes as its truth
+(``kdtree.engine.drafter``).
 
 Static shapes throughout. Sequences that reach ``max_new_tokens`` keep stepping (their tree
 rows land past the committed prefix and are never committed) but stop emitting, so a batch
@@ -18,7 +20,7 @@ device-side counters are what let ``cuda_graph=True`` capture the whole step, on
 ``generate`` call (one graph per budget), after ``warmup`` eager steps run on a side stream.
 The only host synchronisation is the loop's "everyone done?" check between steps.
 
-The CUDA-graph path is written for a GPU session and is unmeasured.
+Graph replay emits exactly what the eager step does (``tests/test_engine_gpu.py``).
 """
 from __future__ import annotations
 
@@ -304,9 +306,16 @@ def capture(step, warmup: int = 2) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def needed_capacity(prompts: list[torch.Tensor], max_new_tokens: int, mode: str = "ar", budget: int = 64,
+                    draft_len: int = 0) -> int:
+    """Cache rows per sequence a run needs: the longest prompt, every new token, and one step's
+    tree rows past the prefix (``budget + 1 + draft_len`` for DDTree, one for greedy decoding)."""
+    return max(p.numel() for p in prompts) + max_new_tokens + (budget + 1 + draft_len if mode == "ddtree" else 1)
+
+
 def start(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: int, mode: str = "ar",
-          drafter: Drafter | None = None, budget: int = 64,
-          topk: int | None = None) -> tuple[DecodeState, list[tuple[str, Callable[[], None]]]]:
+          drafter: Drafter | None = None, budget: int = 64, topk: int | None = None,
+          capacity: int | None = None) -> tuple[DecodeState, list[tuple[str, Callable[[], None]]]]:
     """Check the arguments, prefill, and return the decode state with its step's phases.
 
     Parameters are those of ``generate``. ``run_phases(phases)`` is one step: it advances
@@ -314,8 +323,11 @@ def start(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: int, 
     """
     _check_generate(model, prompts, max_new_tokens, mode, drafter, budget, topk)
     L = drafter.draft_len if mode == "ddtree" else 0
-    # Room for the longest prompt, every new token, and one step's tree rows past the prefix.
-    capacity = max(p.numel() for p in prompts) + max_new_tokens + (budget + 1 + L if mode == "ddtree" else 1)
+    need = needed_capacity(prompts, max_new_tokens, mode, budget, L)
+    if capacity is None:
+        capacity = need
+    elif not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < need:
+        raise ValueError(f"capacity: expected an int >= {need} (this run's rows per sequence), got {capacity!r}")
     state = prefill(model, list(prompts), capacity, max_new_tokens, L)
     return state, make_phases(model, state, mode, drafter, budget, topk)
 
@@ -330,7 +342,7 @@ def make_phases(model: Transformer, state: DecodeState, mode: str, drafter: Draf
 
 def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: int, mode: str = "ar",
              drafter: Drafter | None = None, budget: int = 64, topk: int | None = None,
-             cuda_graph: bool = False, warmup: int = 2) -> Generation:
+             cuda_graph: bool = False, warmup: int = 2, capacity: int | None = None) -> Generation:
     """Greedy generation, autoregressive or DDTree, for a batch of prompts of any lengths.
 
     Parameters
@@ -351,10 +363,16 @@ def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: in
         Draft candidates per position; default ``min(budget, vocab)``. ``topk=1`` with
         ``budget=draft_len`` is the single-chain drafter (DFlash without a tree).
     cuda_graph : bool
-        Capture the step in a CUDA graph and replay it (CUDA only; unmeasured so far).
+        Capture the step in a CUDA graph and replay it (CUDA only).
     warmup : int
         Steps run before the clock starts (first launches compile kernels); they emit tokens
         like any other step. Under ``cuda_graph`` they run on a side stream before the capture.
+    capacity : int, optional
+        Cache rows per sequence; default (and minimum) ``needed_capacity``. The row count is
+        part of the numerics: the CUDA attention kernels pick their KV split count from it and
+        the float32 attention reduces over all of it, so it changes rounding. Runs that must
+        decode the same path in bf16 (a measured run and a longer one that extends it) should
+        pass the same capacity.
 
     Returns
     -------
@@ -366,7 +384,7 @@ def generate(model: Transformer, prompts: list[torch.Tensor], max_new_tokens: in
     if not isinstance(warmup, int) or warmup < int(cuda_graph):
         raise ValueError(f"warmup: expected an int >= {int(cuda_graph)} (a graph needs a warm-up step), "
                          f"got {warmup!r}")
-    state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk)
+    state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk, capacity)
     step = partial(run_phases, phases)
     if cuda_graph:
         graph = capture(step, warmup)

@@ -10,6 +10,17 @@ property of a trained model. Its cost is real, though: every call runs a small t
 configurable size (``DrafterConfig``) over the L + 1 block positions plus an LM head over the
 full vocabulary, so both acceptance and drafter time are realistic in the step breakdown.
 
+"True" means the continuation that the DDTree run being measured actually decodes. In float32
+that is greedy autoregressive decoding's output, token for token. In bf16 the target's greedy
+choice at a near-tie of its top two logits depends on rounding, which differs between a
+one-node decode step and an N-node tree verify, so a DDTree run may part from the
+autoregressive tokens (losslessly: every token it emits is still the target's argmax along its
+own path). A drafter that kept drafting the autoregressive continuation past such a point would
+be drafting for a context the run no longer has, and every acceptance measured after it would
+be meaningless. So in bf16 the drafter's truth is the target's greedy continuation along the
+decoded path, under the verify's numerics: DDTree's own output, which the measurements find by
+iterating to a fixed point (``kdtree.engine.profile.self_consistent_run``).
+
 How the draft distribution is made. The transformer's logits only pick *which* tokens fill the
 ranks (its top-R candidates). The probabilities come from a fixed profile: rank 0 gets
 ``accuracy``, rank r >= 1 gets ``(1 - accuracy) (1 - spread) spread^(r - 1)``, and the tokens
@@ -156,7 +167,13 @@ class SyntheticDrafter(nn.Module):
         self.requires_grad_(False).eval()
 
     def set_reference(self, tokens: torch.Tensor) -> None:
-        """The target's greedy continuation [B, T] (generated index 0 = the first new token); -1 pads."""
+        """The target's greedy continuation [B, T] (generated index 0 = the first new token); -1 pads.
+
+        The continuation the measured run decodes: greedy autoregressive output in float32,
+        DDTree's own output along its decoded path in bf16 (see the module docstring). To
+        cover the last drafts of a run of ``max_new_tokens``, T should be at least
+        ``max_new_tokens + draft_len``; past the end, drafts are noise.
+        """
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
             raise ValueError("tokens: expected an integer tensor [B, T] of the target's continuation")
         self.reference = tokens.to(device=self.profile.device, dtype=torch.int64).contiguous()

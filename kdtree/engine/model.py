@@ -200,23 +200,38 @@ def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torc
 
 
 class MoE(nn.Module):
-    """DeepSeek-V3 routing: sigmoid scores, top-k experts, renormalised weights, plus shared experts."""
+    """DeepSeek-V3 routing: sigmoid scores, top-k experts, renormalised weights, plus shared experts.
+
+    The router runs in float32 whatever the model's dtype: ``build_model`` keeps ``gate.weight``
+    in float32 and ``scores`` computes ``x.float() @ gate.weight.float().T``, as DeepSeek-V3's
+    reference gate does (Hugging Face ``DeepseekV3`` ``MoEGate``: ``F.linear(hidden.float(),
+    weight.float())``). The reason is the top-k. With a bf16 gate matmul the scores carry bf16
+    rounding that differs between computation paths of the same token (a one-node decode step
+    and an N-node tree verify run different GEMM shapes), so near-tied experts swap places and
+    the token's FFN output moves by far more than rounding: the likely cause of a bf16 DDTree
+    run on an H200 parting from greedy decoding at a top-2 logit gap seven times the rounding
+    noise. In float32 (PyTorch's default keeps TF32 off for float32 matmuls) the scores differ
+    between paths only as much as the bf16 input x does. The gate is E x dim: a negligible matmul.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.k, self.scale = cfg.n_active_experts, cfg.routed_scale
         E, d, h = cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim
-        self.gate = nn.Linear(d, E, bias=False)
+        self.gate = nn.Linear(d, E, bias=False)  # float32 in every model (build_model)
         self.w1, self.w3 = nn.Parameter(torch.empty(E, h, d)), nn.Parameter(torch.empty(E, h, d))
         self.w2 = nn.Parameter(torch.empty(E, d, h))
         self.shared = SwiGLU(d, h * cfg.n_shared_experts) if cfg.n_shared_experts else None
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """Routing scores, float32 [T, E]: sigmoid of the float32 gate over x [T, dim] in float32."""
+        return torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
 
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         T, E = x.shape[0], self.w1.shape[0]
-        scores = torch.sigmoid(self.gate(x).float())
-        weight, expert = scores.topk(self.k, dim=-1)
+        weight, expert = self.scores(x).topk(self.k, dim=-1)
         weight = weight / weight.sum(-1, keepdim=True) * self.scale
         # Sort the (token, slot) pairs by expert so each expert sees one contiguous run of rows.
         flat = expert.flatten()
@@ -291,14 +306,19 @@ def build_model(cfg: ModelConfig, seed: int = 0, device="cpu",
     Returns
     -------
     Transformer
-        In eval mode without gradients. Linear and expert weights are N(0, 1 / fan_in), so
-        activations and logits stay O(1) at any width; embeddings N(0, 1); norms 1. Nothing is
-        downloaded. The same seed gives the same weights on the same device type (CPU and CUDA
+        In eval mode without gradients, every weight in ``dtype`` except the MoE routers'
+        ``gate.weight``, which stays float32 (see ``MoE``). Linear and expert weights are
+        N(0, 1 / fan_in), so activations and logits stay O(1) at any width; embeddings
+        N(0, 1); norms 1. Nothing is downloaded. The same seed gives the same weights on the same device type (CPU and CUDA
         generators differ).
     """
     with torch.device("meta"):
         model = Transformer(cfg)
-    model = model.to(dtype).to_empty(device=device)
+    model = model.to(dtype)
+    for mod in model.modules():
+        if isinstance(mod, MoE):  # the router stays float32 (see MoE)
+            mod.gate.float()
+    model = model.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):

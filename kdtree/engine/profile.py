@@ -16,16 +16,25 @@ Timing rules (DESIGN.md): device time from CUDA events, warm-up first, median an
 many repetitions. ``timing="graph"`` captures each phase in its own graph and replays them in
 order (each replay costs one graph launch, so the phases sum to a bit more than ``step``, which
 is the whole step in one graph). On CPU the work is synchronous and the host clock is the
-device clock. The CUDA paths are written for a GPU session and unmeasured.
+device clock.
+
+``throughput_sweep`` times whole generations: greedy decoding, the single chain, and DDTree
+per budget. The synthetic drafter's truth is the target's greedy continuation along the path
+each run decodes (``self_consistent_run``): greedy decoding's output in float32, where DDTree
+reproduces it exactly, and DDTree's own output in bf16, where a rounding tie of the target's
+top two logits may part a run from greedy decoding and a drafter still drafting greedy
+decoding's tokens would measure nothing after that point.
 """
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import torch
 
-from kdtree.engine.ddtree import capture, chain_tree, generate, make_phases, run_phases, start
+from kdtree.engine.ddtree import (Generation, capture, chain_tree, generate, make_phases, needed_capacity,
+                                  run_phases, start)
 from kdtree.engine.drafter import SyntheticDrafter
 from kdtree.engine.model import attend
 
@@ -81,18 +90,25 @@ def _graphs(phases) -> list:
 @torch.no_grad()
 def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: int = 64,
                    topk: int | None = None, steps: int = 20, warmup: int = 3, timing: str = "eager",
-                   max_new_tokens: int = 128) -> list[dict]:
+                   max_new_tokens: int = 128, capacity: int | None = None) -> list[dict]:
     """Time each phase of a decode step.
 
     Parameters
     ----------
     model, prompts, mode, drafter, budget, topk
-        As for ``generate``.
+        As for ``generate``. Steps run at the acceptance the drafter's reference gives, so for
+        realistic acceptance in bf16 give the drafter the reference of a self-consistent run
+        at this budget (``throughput_sweep``'s ``references``, or ``self_consistent_run``):
+        with the greedy tokens as its truth, a run that parted from them at a rounding tie
+        would step on at chance acceptance (``engine_tables`` does this).
     steps, warmup : int
         Timed and untimed steps (sequences that reach ``max_new_tokens`` keep stepping with
         the same static work, so any number of steps is fine).
     timing : {"eager", "graph"}
         Eager launches, or CUDA-graph replay (CUDA only).
+    max_new_tokens, capacity : int
+        As for ``generate``; to step along the path of a ``throughput_sweep`` run, pass its
+        ``measured_capacity``.
 
     Returns
     -------
@@ -104,7 +120,7 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
     for name, value in (("steps", steps), ("warmup", warmup)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk)
+    state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk, capacity)
     clock = _Clock(state.root.device)
     if timing == "graph" and not clock.cuda:
         raise ValueError(f"timing: 'graph' needs a CUDA model, the model is on {state.root.device}")
@@ -137,49 +153,143 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
     return rows
 
 
+def measured_capacity(prompts, max_new_tokens: int, draft_len: int, mode: str = "ddtree", budget: int = 0) -> int:
+    """Cache rows of a measured run of ``max_new_tokens``: those of a run ``draft_len`` tokens
+    longer, which decodes the same path (the cache size is part of the numerics, see
+    ``generate``) and extends it far enough to be a drafter reference. ``budget`` is the
+    run's (``draft_len`` for the chain); ignored for ``mode="ar"``."""
+    return needed_capacity(prompts, max_new_tokens + draft_len, mode, budget, draft_len)
+
+
 def set_greedy_reference(model, prompts, max_new_tokens: int, drafter: SyntheticDrafter,
                          cuda_graph: bool = False) -> torch.Tensor:
     """Decode greedily ``max_new_tokens + draft_len`` tokens (so the last drafts are covered too),
     make that the synthetic drafter's reference, and return the first ``max_new_tokens`` [B, T]."""
-    ref = generate(model, prompts, max_new_tokens + drafter.draft_len, mode="ar", cuda_graph=cuda_graph)
+    ref = generate(model, prompts, max_new_tokens + drafter.draft_len, mode="ar", cuda_graph=cuda_graph,
+                   capacity=measured_capacity(prompts, max_new_tokens, drafter.draft_len, "ar"))
     drafter.set_reference(ref.tokens)
     return ref.tokens[:, :max_new_tokens]
 
 
+def self_consistent_run(model, prompts, max_new_tokens: int, drafter: SyntheticDrafter,
+                        reference: torch.Tensor, budget: int, topk: int | None = None,
+                        cuda_graph: bool = False, max_rounds: int = 8) -> tuple[Generation, torch.Tensor, int]:
+    """A DDTree run whose synthetic drafter drafts the continuation the run itself decodes.
+
+    The drafter's truth must be the target's greedy continuation along the path the measured
+    run decodes, or its acceptance means nothing (see ``kdtree.engine.drafter``). In float32
+    that is greedy autoregressive decoding's output, and the first round agrees. In bf16 a
+    DDTree run may part from it at a rounding tie; from there on, a drafter fed the
+    autoregressive tokens drafts for a context the run no longer has. So: draft from
+    ``reference``, run DDTree (timed); if its tokens equal the reference's first
+    ``max_new_tokens``, done. Otherwise run DDTree again for ``max_new_tokens + draft_len``
+    tokens from the same reference and with the same cache size (``measured_capacity``), so
+    it decodes the same path and then goes on: the target's greedy decisions along the path
+    the run decodes, under the verify's numerics, far enough past the end to cover the last
+    drafts. Adopt that as the reference and repeat, at most ``max_rounds`` rounds. A round
+    that does not agree costs two runs. Convergence is usual but not guaranteed (a new
+    reference changes the trees, and with them the rounding at the next tie), so the caller
+    gets the rounds taken and can check agreement itself.
+
+    Parameters
+    ----------
+    model, prompts, max_new_tokens, budget, topk, cuda_graph
+        As for ``generate`` (mode ``"ddtree"``).
+    drafter : SyntheticDrafter
+        Its reference is replaced (left at the returned one).
+    reference : int tensor [B, >= max_new_tokens]
+        The starting truth: greedy autoregressive output of ``max_new_tokens + draft_len``
+        tokens (``set_greedy_reference``).
+    max_rounds : int
+
+    Returns
+    -------
+    generation : Generation
+        The last round's timed run of ``max_new_tokens``.
+    reference : int64 [B, max_new_tokens + draft_len]
+        The reference that run drafted from; the run is self-consistent iff
+        ``torch.equal(generation.tokens, reference[:, :max_new_tokens])``.
+    rounds : int
+        Rounds run, 1..max_rounds.
+    """
+    if not isinstance(max_rounds, int) or isinstance(max_rounds, bool) or max_rounds < 1:
+        raise ValueError(f"max_rounds: expected a positive int, got {max_rounds!r}")
+    if not isinstance(reference, torch.Tensor) or reference.dim() != 2 or reference.shape[1] < max_new_tokens:
+        raise ValueError(f"reference: expected a tensor [B, >= max_new_tokens={max_new_tokens}] of tokens")
+    L = drafter.draft_len
+    run = partial(generate, model, prompts, mode="ddtree", drafter=drafter, budget=budget, topk=topk,
+                  cuda_graph=cuda_graph, capacity=measured_capacity(prompts, max_new_tokens, L, "ddtree", budget))
+    for rounds in range(1, max_rounds + 1):
+        drafter.set_reference(reference)
+        out = run(max_new_tokens)
+        if rounds == max_rounds or torch.equal(out.tokens, drafter.reference[:, :max_new_tokens]):
+            break
+        reference = run(max_new_tokens + L).tokens
+    return out, drafter.reference, rounds
+
+
+def _agreement(tokens: torch.Tensor, greedy: torch.Tensor) -> dict:
+    """lossless, agree_ar and first_divergence of ``tokens`` [B, T] against greedy output [B, T]."""
+    same = tokens == greedy
+    parted = ~same.all(1)
+    first = (~same).int().argmax(1)[parted]  # each parted sequence's first differing index
+    return {"lossless": not bool(parted.any()), "agree_ar": float(same.float().mean()),
+            "first_divergence": int(first.min()) if bool(parted.any()) else -1}
+
+
 def throughput_sweep(model, prompts, max_new_tokens: int, drafter: SyntheticDrafter,
                      budgets=(1, 16, 32, 64, 128, 256, 512), chain: bool = True,
-                     cuda_graph: bool = False) -> list[dict]:
+                     cuda_graph: bool = False, max_rounds: int = 8,
+                     references: dict | None = None) -> list[dict]:
     """Tokens per second and acceptance length of greedy DDTree against budget, beside greedy decoding.
 
-    Runs greedy autoregressive decoding first (``set_greedy_reference``). Then
-    DDTree at every budget, and with ``chain`` the single-chain drafter (``topk=1``,
-    ``budget=draft_len``, DFlash without a tree). Every run must reproduce the greedy tokens
-    (checked; in bf16 a mismatch is reported in the ``lossless`` column rather than raised).
+    Runs greedy autoregressive decoding first (``set_greedy_reference``). Then DDTree at every
+    budget, and with ``chain`` the single-chain drafter (``topk=1``, ``budget=draft_len``,
+    DFlash without a tree), each through ``self_consistent_run`` from the greedy reference:
+    the drafter's truth is the target's greedy continuation along the path the run decodes.
+    In float32 that is the greedy output itself (one round, every row lossless). In bf16 a
+    run may part from greedy decoding at a rounding tie; it is then measured against its own
+    output, and the ``lossless``, ``agree_ar`` and ``first_divergence`` columns say how far it
+    followed greedy decoding (a mismatch is reported, not raised). Every run's cache has
+    ``measured_capacity`` rows, so the timed greedy run decodes its reference's path exactly.
+
+    Parameters
+    ----------
+    max_rounds : int
+        Cap on ``self_consistent_run``'s rounds.
+    references : dict, optional
+        Filled with the final drafter reference of each run, keyed ``(decode, budget,
+        cuda_graph)``, so a step breakdown can run at the same acceptance.
 
     Returns
     -------
     list of dict
         One row per run: mode (ar, chain, ddtree), budget, tau (tokens per step), steps,
-        tokens_per_s, speedup (over ar), lossless, seconds, cuda_graph.
+        tokens_per_s, speedup (over ar), lossless (the tokens equal greedy decoding's),
+        agree_ar (the fraction of new tokens equal to greedy decoding's), first_divergence
+        (the first index at which any sequence parts from greedy decoding, -1 if none),
+        reference_rounds (0 for ar), self_consistent (the tokens equal the reference the
+        drafter drafted from; False only when ``max_rounds`` ran out), seconds, cuda_graph.
     """
     L = drafter.draft_len
     greedy = set_greedy_reference(model, prompts, max_new_tokens, drafter, cuda_graph)
-    base = generate(model, prompts, max_new_tokens, mode="ar", cuda_graph=cuda_graph)
-    runs = [("ar", 0, None, base)]
-    if chain:
-        runs.append(("chain", L, 1, None))
-    runs += [("ddtree", b, None, None) for b in budgets]
-    rows = []
-    for mode, budget, topk, out in runs:
-        if out is None:
-            out = generate(model, prompts, max_new_tokens, mode="ddtree", drafter=drafter, budget=budget,
-                           topk=topk, cuda_graph=cuda_graph)
-        rows.append(dict(mode=mode, budget=budget, tau=out.mean_accepted, steps=out.steps,
-                         tokens_per_s=out.tokens_per_second,
-                         speedup=out.tokens_per_second / base.tokens_per_second,
-                         lossless=bool(torch.equal(out.tokens, greedy)), seconds=out.seconds,
-                         cuda_graph=cuda_graph))
-    return rows
+    start_ref = drafter.reference
+    base = generate(model, prompts, max_new_tokens, mode="ar", cuda_graph=cuda_graph,
+                    capacity=measured_capacity(prompts, max_new_tokens, L, "ar"))
+    runs = [("chain", L, 1)] if chain else []
+    runs += [("ddtree", b, None) for b in budgets]
+    runs_out = [("ar", 0, base, 0, True)]
+    for mode, budget, topk in runs:
+        out, ref, rounds = self_consistent_run(model, prompts, max_new_tokens, drafter, start_ref, budget, topk,
+                                               cuda_graph, max_rounds)
+        if references is not None:
+            references[(mode, budget, cuda_graph)] = ref
+        runs_out.append((mode, budget, out, rounds, torch.equal(out.tokens, ref[:, :max_new_tokens])))
+    return [{"mode": mode, "budget": budget, "tau": out.mean_accepted, "steps": out.steps,
+             "tokens_per_s": out.tokens_per_second, "speedup": out.tokens_per_second / base.tokens_per_second,
+             **_agreement(out.tokens, greedy), "reference_rounds": rounds, "self_consistent": bool(consistent),
+             "seconds": out.seconds, "cuda_graph": cuda_graph}
+            for mode, budget, out, rounds, consistent in runs_out]
 
 
 def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, drafter: str = "small",
@@ -192,7 +302,11 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
     (``"paper"`` is its calibration to the DDTree paper, ``PAPER_MATH500_QWEN3_8B``; a number
     is a top-1 accuracy at the same spread), runs ``throughput_sweep`` per accuracy, eagerly
     and (on CUDA) under graph replay, then ``step_breakdown`` for greedy decoding and each
-    breakdown budget with the first accuracy.
+    breakdown budget with the first accuracy. Every DDTree measurement drafts from the
+    target's greedy continuation along the path the run decodes (``self_consistent_run``):
+    greedy decoding's output in float32, DDTree's own in bf16, where a rounding tie may part
+    the two; the throughput table's ``lossless``, ``agree_ar``, ``first_divergence`` and
+    ``reference_rounds`` columns show it.
 
     Returns
     -------
@@ -200,7 +314,8 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
         Tidy rows; ``mode`` is the timing mode (eager, graph or host) and ``decode`` the decode
         mode (ar, chain, ddtree), so the tables combine with the workbook's.
     meta : dict
-        Model, drafter, calibration, device, and the best budget per accuracy and timing mode.
+        Model, drafter, calibration, device, what the drafter's reference is, and the best
+        budget per accuracy and timing mode.
     """
     from dataclasses import asdict, replace
 
@@ -223,29 +338,42 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
 
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, cfg.vocab_size, (prompt,), generator=gen).to(device) for _ in range(batch)]
-    rows = []
-    for label in accuracies:
-        d = drafter_for(str(label))
+    rows, drafters, references = [], {}, {}
+    for label in map(str, accuracies):
+        d = drafters[label] = drafter_for(label)
         for graphed in (False, True) if cuda else (False,):
-            rows += [r | {"accuracy": str(label)} for r in
-                     throughput_sweep(model, prompts, new, d, list(budgets), cuda_graph=graphed)]
+            rows += [r | {"accuracy": label} for r in
+                     throughput_sweep(model, prompts, new, d, list(budgets), cuda_graph=graphed,
+                                      references=references.setdefault(label, {}))]
     through = pd.DataFrame(rows).rename(columns={"mode": "decode"})
-    through["mode"] = np.where(through.pop("cuda_graph"), "graph", "eager") if cuda else "host"
+    graphed = through.pop("cuda_graph")
+    through["mode"] = np.where(graphed, "graph", "eager") if cuda else "host"
 
-    first = drafter_for(str(accuracies[0]))
-    set_greedy_reference(model, prompts, new, first)
+    # The breakdown steps at the acceptance of the sweep's self-consistent runs at that budget.
+    first, refs, greedy = drafters[str(accuracies[0])], references[str(accuracies[0])], None
     rows = []
     for timing in ("eager", "graph") if cuda else ("eager",):
-        rows += step_breakdown(model, prompts, mode="ar", steps=steps, timing=timing, max_new_tokens=new)
+        rows += step_breakdown(model, prompts, mode="ar", steps=steps, timing=timing, max_new_tokens=new,
+                               capacity=measured_capacity(prompts, new, dcfg.draft_len, "ar"))
         for b in breakdown_budgets:
+            key = ("ddtree", b, timing == "graph")
+            if key not in refs:  # a budget the sweep did not run
+                if greedy is None:
+                    set_greedy_reference(model, prompts, new, first)
+                    greedy = first.reference
+                refs[key] = self_consistent_run(model, prompts, new, first, greedy, b, cuda_graph=key[2])[1]
+            first.set_reference(refs[key])
             rows += step_breakdown(model, prompts, mode="ddtree", drafter=first, budget=b, steps=steps,
-                                   timing=timing, max_new_tokens=new)
+                                   timing=timing, max_new_tokens=new,
+                                   capacity=measured_capacity(prompts, new, dcfg.draft_len, "ddtree", b))
     breakdown = pd.DataFrame(rows).rename(columns={"mode": "decode", "timing": "mode"})
     if not cuda:
         breakdown["mode"] = "host"
     tree = through[through.decode == "ddtree"]
     meta = dict(preset=preset, model=asdict(cfg), drafter=asdict(dcfg), calibration=PAPER_MATH500_QWEN3_8B,
                 device=torch.cuda.get_device_name() if cuda else "cpu", batch=batch, prompt=prompt, new=new,
+                drafter_reference="the target's greedy continuation along each run's decoded path "
+                                  "(self_consistent_run): greedy decoding's output where the run is lossless",
                 best_budget={f"{acc}/{mode}": int(part.sort_values("tokens_per_s").iloc[-1]["budget"])
                              for (acc, mode), part in tree.groupby(["accuracy", "mode"])})
     return through, breakdown, meta
