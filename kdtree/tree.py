@@ -8,6 +8,7 @@ prefix. The CUDA kernels in ``cuda/tree.cu`` are bit-identical to the references
 """
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 
@@ -296,8 +297,26 @@ def compact_kv_reference(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: 
 _CT = {torch.int32: "int", torch.int64: "long long"}
 
 
-def _build_smem(L: int, K: int, budget: int) -> int:
-    return budget * 12 + (budget + 1) * 12 + 16 + L * K * 4  # layout in cuda/tree.cu; 16 aligns lp
+_NWARPS = 8  # warps of the parallel build (NWARPS in cuda/tree.cu)
+
+
+def _build_layout(L: int, K: int, budget: int, max_smem: int) -> tuple[int, int]:
+    """(dynamic shared memory, cap) of build_tree; the layout is in cuda/tree.cu.
+
+    ``cap`` is the longest node list each warp of the parallel path may build: 4x the budget
+    (a wide bracket finds a threshold in one round), at most what fits beside the staged
+    log-probs; 0 leaves only the serial heap.
+    """
+    lp = (L * K * 4 + 15) & ~15
+    serial = budget * 12 + (budget + 1) * 12
+    cap = min(max(4 * budget, 64), (max_smem - lp - 4096) // (12 * _NWARPS), 65528) // 8 * 8
+    cap = cap if cap > budget else 0
+    return lp + max(serial, 12 * _NWARPS * cap), cap
+
+
+@functools.cache
+def _max_smem(index: int) -> int:
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
 
 
 def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
@@ -330,6 +349,14 @@ def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
     _check_build_args(logprobs, tokens, budget, root_tokens, validate)
     if _backend(backend, logprobs.device) == "torch":
         return build_tree_reference(logprobs, tokens, budget, root_tokens)
+    return _launch_build(logprobs, tokens, budget, root_tokens)
+
+
+def _launch_build(logprobs, tokens, budget, root_tokens=None, *, serial: bool = False,
+                  path: torch.Tensor | None = None) -> Tree:
+    """The CUDA build on checked arguments. ``serial`` runs only the heap (one warp, the v5
+    kernel: the benchmark's baseline); ``path`` (int32 [B]) receives the path each sequence
+    took (0 parallel; 1, 2 fallbacks to the heap; 3 heap requested), for tests."""
     from kdtree import kernels
 
     B, L, K = logprobs.shape
@@ -340,14 +367,17 @@ def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
     vis = torch.empty((B, N, (N + 63) // 64), dtype=torch.int64, device=dev)
     if root_tokens is not None and root_tokens.dtype != tokens.dtype:
         root_tokens = root_tokens.to(tokens.dtype)
+    smem, cap = _build_layout(L, K, budget, _max_smem(dev.index if dev.index is not None else torch.cuda.current_device()))
+    serial = serial or cap == 0
     fn = kernels.get_kernel("tree", "build_tree", {"TOKEN_T": _CT[tokens.dtype]}, device=dev.index)
-    kernels.launch(fn, (B,), (32,),  # one warp per sequence: see cuda/tree.cu
+    kernels.launch(fn, (B,), (32 if serial else 32 * _NWARPS,),
                    (kernels.ptr(logprobs), kernels.ptr(tokens),
                     kernels.ptr(root_tokens if root_tokens is not None else tokens),
                     np.int32(root_tokens is not None), np.int32(L), np.int32(K), np.int32(budget),
+                    np.int32(0 if serial else cap),
                     kernels.ptr(out_tok), kernels.ptr(out_par), kernels.ptr(out_dep),
-                    kernels.ptr(out_num), kernels.ptr(vis)),
-                   shared_mem=_build_smem(L, K, budget), device=dev)
+                    kernels.ptr(out_num), kernels.ptr(vis), kernels.ptr(path) if path is not None else np.uint64(0)),
+                   shared_mem=smem, device=dev)
     return Tree(out_tok, out_par, out_dep, out_num, vis, L)
 
 

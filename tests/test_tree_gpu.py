@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kdtree
-from kdtree.tree import accept_reference, build_tree_reference, compact_kv_reference
+from kdtree.tree import _launch_build, accept_reference, build_tree_reference, compact_kv_reference
 from tree_cases import sorted_logprobs
 
 pytestmark = pytest.mark.gpu
@@ -34,6 +34,44 @@ def test_build_tree_bit_identical(kind, B, L, K, budget, gen):
     ref = build_tree_reference(lp, tok, budget, roots)
     got = kdtree.build_tree(lp.cuda(), tok.cuda(), budget, roots.cuda())
     assert_same_tree(got, ref)
+
+
+@pytest.mark.parametrize("B,L,K,budget", [(6, 15, 32, 32), (4, 15, 512, 512), (3, 32, 64, 1024), (5, 3, 7, 200)])
+def test_build_tree_parallel_and_serial_paths(B, L, K, budget, gen):
+    """Both kernel paths equal the reference; continuous inputs take the parallel path (the
+    heap fallback is not what the first test is exercising), and the serial launch the heap."""
+    lp, tok = sorted_logprobs(B, L, K, gen)
+    ref = build_tree_reference(lp, tok, budget)
+    for serial, want in ((False, 0), (True, 3)):
+        path = torch.full((B,), -1, dtype=torch.int32, device="cuda")
+        assert_same_tree(_launch_build(lp.cuda(), tok.cuda(), budget, serial=serial, path=path), ref)
+        assert path.tolist() == [want] * B, path.tolist()
+
+
+def test_build_tree_mixed_batch_paths(gen):
+    """One launch where some sequences fall back to the heap (ties straddling every threshold,
+    a positive log-prob) and the others take the parallel path."""
+    lp, tok = sorted_logprobs(4, 15, 64, gen)
+    lp[1] = -0.75                              # constant rows: no threshold separates the ties
+    lp[2, :, 0] = 0.5                          # a positive log-prob: outside the parallel path
+    ref = build_tree_reference(lp, tok, 256)
+    path = torch.full((4,), -1, dtype=torch.int32, device="cuda")
+    assert_same_tree(_launch_build(lp.cuda(), tok.cuda(), 256, path=path), ref)
+    assert path.tolist() == [0, 2, 1, 0], path.tolist()
+
+
+@pytest.mark.parametrize("budget", [16, 64, 512])
+def test_build_tree_from_topk_logprobs(budget, gen):
+    """Drafter-like inputs (top-K of a peaky log-softmax, in float32 and through bf16 logits,
+    which repeat values): bit-identical, and the continuous ones on the parallel path."""
+    logits = torch.randn(8, 15, 32000, generator=gen) * 3.0
+    for dtype, parallel in ((torch.float32, True), (torch.bfloat16, False)):
+        lp, tok = kdtree.topk_logprobs(logits.to(dtype).float().cuda(), budget)
+        path = torch.full((8,), -1, dtype=torch.int32, device="cuda")
+        got = _launch_build(lp, tok, budget, path=path)
+        assert_same_tree(got, build_tree_reference(lp.cpu(), tok.cpu(), budget))
+        if parallel:
+            assert path.tolist() == [0] * 8, path.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])

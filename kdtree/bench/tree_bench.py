@@ -1,8 +1,9 @@
 """``kdtree bench tree``: GPU tree build against the CPU builds serving stacks run today.
 
 One run times, per (budget, batch): the paper's reference path and the serving-stack path on
-the CPU (device copies included), the GPU build eagerly and under CUDA-graph replay, and greedy
-accept plus KV compaction. Every GPU result is first checked bit-identical to the reference on
+the CPU (device copies included), the GPU build eagerly and under CUDA-graph replay (with the
+share of sequences that took the parallel path), the serial heap alone under graph replay (the
+v5 kernel, the baseline of the parallel path), and greedy accept plus KV compaction. Every GPU result is first checked bit-identical to the reference on
 the same inputs. On a machine without a GPU only the CPU paths run.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import kdtree
 from kdtree.bench.results import run_metadata, save_table
 from kdtree.bench.timing import Timing, time_events, time_graph, time_host
 from kdtree.kernels import cuda_available
-from kdtree.tree import accept_reference, build_tree_reference
+from kdtree.tree import _launch_build, accept_reference, build_tree_reference
 
 GPU_BUDGETS = (16, 32, 64, 128, 256, 512, 1024)
 GPU_BATCHES = (1, 8, 64)
@@ -60,13 +61,19 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
         return rows
 
     ref = build_tree_reference(lp, tok, budget)
-    tree = kdtree.build_tree(lp, tok, budget)
-    if not _same(tree, ref):
+    path = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+    tree = _launch_build(lp, tok, budget, path=path)
+    heap = _launch_build(lp, tok, budget, serial=True)
+    if not (_same(tree, ref) and _same(heap, ref)):
         raise AssertionError(f"GPU tree differs from the reference at budget={budget} batch={batch}")
+    parallel = float((path == 0).float().mean())  # sequences on the parallel path
     reps = 30 if quick else 200
     build = lambda: kdtree.build_tree(lp, tok, budget, validate=False)  # noqa: E731
-    rows.append(_row("build", "gpu", budget, batch, depth, k, time_events([build], reps=reps)))
-    rows.append(_row("build", "gpu", budget, batch, depth, k, time_graph(build, reps=reps // 4)))
+    rows.append(_row("build", "gpu", budget, batch, depth, k, time_events([build], reps=reps)) | {"parallel": parallel})
+    rows.append(_row("build", "gpu", budget, batch, depth, k, time_graph(build, reps=reps // 4)) | {"parallel": parallel})
+    # The serial heap alone (v5, one warp per sequence): the baseline, timed in the same run.
+    serial = lambda: _launch_build(lp, tok, budget, serial=True)  # noqa: E731
+    rows.append(_row("build", "gpu_heap", budget, batch, depth, k, time_graph(serial, reps=reps // 4)))
 
     # Accept + compaction on a target that agrees with the draft most of the way down.
     g = torch.Generator(device=dev).manual_seed(1)
@@ -100,6 +107,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     if (df.variant == "gpu").any():
         out["gpu_eager_us"] = med("build", "gpu", "eager")
         out["gpu_graph_us"] = med("build", "gpu", "graph")
+        out["heap_graph_us"] = med("build", "gpu_heap", "graph")
+        sel = df[(df.kernel == "build") & (df.variant == "gpu") & (df["mode"] == "graph")]
+        out["parallel"] = sel.set_index(["budget", "batch"])["parallel"]
         out["x_vs_paper"] = out.paper_ms * 1e3 / out.gpu_graph_us
         out["x_vs_serving"] = out.serving_ms * 1e3 / out.gpu_graph_us
         out["acc+compact_graph_us"] = med("accept+compact", "gpu", "graph")
