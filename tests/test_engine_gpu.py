@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kdtree.engine import (SyntheticDrafter, allocate_cache, build_model, chain_tree, generate, get_config,
-                           get_drafter_config, step_breakdown, throughput_sweep)
+                           get_drafter_config, self_consistent_run, step_breakdown, throughput_sweep)
 from kdtree.engine.model import MoE
 
 pytestmark = pytest.mark.gpu
@@ -83,16 +83,19 @@ def _next_logits_two_ways(model, ctx):
 
 
 def _routing(model, full_routes, step_routes) -> dict:
-    """Whether the two paths route ctx's last token to different top-k expert sets, in which MoE
-    layers, and how close the routing was to a swap: the smallest gap between the k-th and the
-    (k+1)-th routing score on the prefill path."""
+    """Whether the two paths route ctx's last token to different top-k expert sets (in which MoE
+    layers); how close the routing was to a swap (the smallest gap between the k-th and the
+    (k+1)-th routing score on the prefill path); and the routing scores' own two-path noise
+    (the largest score difference between the paths)."""
     k = model.cfg.n_active_experts
     layers = [i for i, b in enumerate(model.layers) if isinstance(b.ffn, MoE)]
     assert len(full_routes) == len(step_routes) == len(layers)
     flips = [layer for layer, a, b in zip(layers, full_routes, step_routes)
              if set(a.topk(k).indices.tolist()) != set(b.topk(k).indices.tolist())]
     margin = min(float(s.topk(k + 1).values[k - 1] - s.topk(k + 1).values[k]) for s in full_routes)
-    return {"route_flip": bool(flips), "route_flip_layers": flips, "route_margin": round(margin, 6)}
+    noise = max(float((a - b).abs().max()) for a, b in zip(full_routes, step_routes))
+    return {"route_flip": bool(flips), "route_flip_layers": flips, "route_margin": round(margin, 6),
+            "route_noise": round(noise, 6)}
 
 
 @torch.no_grad()
@@ -121,11 +124,21 @@ def test_bf16_ddtree_diverges_only_at_rounding_ties(preset, budget):
                        **_routing(model, full_routes, step_routes)})
     print(f"\n{preset} budget={budget}: {len(report)}/{len(prompts)} sequences diverged from greedy "
           f"within {NEW} tokens; tau={dd.mean_accepted:.2f}; {report}")
-    beyond = [r for r in report if r["gap"] > 2 * r["noise"]]
-    assert not beyond, (f"divergence beyond twice the two-path rounding noise: {beyond} (route_flip: the two "
-                        f"paths route the last context token to different experts in route_flip_layers; "
-                        f"route_margin: its smallest k-th vs (k+1)-th routing score gap); all: {report}")
-    assert dd.mean_accepted > 2.0
+    # A rounding tie in either discrete decision of the step: the final argmax (the logit gap
+    # within twice the two-path noise) or the MoE routing (the k-th/(k+1)-th score margin within
+    # twice the routing scores' two-path noise: a near-tied router sends the token to another
+    # expert on another path, and its logits move by far more than rounding).
+    beyond = [r for r in report if r["gap"] > 2 * r["noise"] and r["route_margin"] > 2 * r["route_noise"]]
+    assert not beyond, (f"divergence beyond a rounding tie of the argmax or of the routing: {beyond} "
+                        f"(route_flip: the two paths route the last context token to different experts in "
+                        f"route_flip_layers; route_margin: its smallest k-th vs (k+1)-th routing score gap; "
+                        f"route_noise: the routing scores' two-path difference); all: {report}")
+    # Acceptance is measured on the self-consistent run (the drafter drafts the path the run
+    # decodes; see kdtree.engine.profile.self_consistent_run): past a divergence, the reference
+    # above drafts for another context.
+    run, _, rounds = self_consistent_run(model, prompts, NEW, _drafter(model, ar.tokens), ar.tokens, budget)
+    print(f"self-consistent run: tau={run.mean_accepted:.2f} after {rounds} reference rounds")
+    assert run.mean_accepted > 2.0
 
 
 @torch.no_grad()
