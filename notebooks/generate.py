@@ -37,8 +37,11 @@ NOTEBOOKS = {
     "01_tree_build": [
         ("md", "# Tree build, accept and KV compaction\n\nThe GPU build against the CPU builds "
                "(the paper's path and the serving-stack path, device copies included) over budget "
-               "and batch; eager launch against graph replay; accept and compaction. Every GPU "
-               "result was checked bit-identical to the reference before it was timed."),
+               "and batch, and against the serial heap kernel alone (`gpu_heap`, graph replay: the "
+               "baseline of the parallel build; `parallel` in the summary is the share of sequences "
+               "that took the parallel path); eager launch against graph replay; accept and "
+               "compaction. Every GPU result was checked bit-identical to the reference before it "
+               "was timed."),
         ("parameters", "budgets = [16, 64]  # tree budgets (nodes besides the root)\n"
                        "batches = [1]  # sequences per call\n"
                        "depth = 15  # draft depth L\n"
@@ -60,7 +63,7 @@ NOTEBOOKS = {
         ("code", "if gpu.empty:\n"
                  "    print('no GPU rows in this run: the CPU paths only')\n"
                  "else:\n"
-                 "    plots.show(plots.eager_vs_graph(gpu, 'budget', ['batch'], 'GPU kernels: eager against graph replay',\n"
+                 "    plots.show(plots.eager_vs_graph(gpu, 'budget', ['variant', 'batch'], 'GPU kernels: eager against graph replay',\n"
                  "                                    ceilings, facet='kernel'))"),
         ("md", "## Diagnosis"),
         ("code", "plots.table(df, ['kernel', 'variant', 'budget', 'batch', 'mode', 'l2', 'median_us', 'bound',\n"
