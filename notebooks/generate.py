@@ -142,13 +142,24 @@ NOTEBOOKS = {
                  "                     ignore_index=True), results_path)\n"
                  "print(meta['device'], '| best budget:', meta['best_budget'])"),
         ("md", "## Throughput and acceptance against budget"),
-        ("code", "tree = through[through.decode == 'ddtree']\n"
+        ("code", "from kdtree.engine.drafter import PAPER_MATH500_QWEN3_8B_FIGURES as paper\n\n"
+                 "tree = through[through.decode == 'ddtree']\n"
                  "base = through[through.decode == 'ar']['tokens_per_s'].max()\n"
+                 "# In bf16 the drafter's reference follows the decoded path; where it did not settle, tau is low.\n"
+                 "unsettled = tree[~tree.self_consistent.astype(bool)]\n"
+                 "if len(unsettled):\n"
+                 "    print('drafter reference not settled (tau and speed underestimated):',\n"
+                 "          plots.row_text(unsettled, ['accuracy', 'mode', 'budget'], named=True).tolist())\n"
                  "plots.show(plots.lines(tree, 'budget', 'tokens_per_s', ['accuracy', 'mode'], 'DDTree tokens/s',\n"
                  "                       ceilings, y_title='tokens / s', log_y=False, spread=False,\n"
                  "                       hlines={'greedy decoding': base}))\n"
+                 "plots.show(plots.lines(tree, 'budget', 'speedup', ['accuracy', 'mode'], 'DDTree speedup over greedy',\n"
+                 "                       ceilings, y_title='x greedy', log_y=False, spread=False,\n"
+                 "                       hlines={'paper, Qwen3-8B on H200': paper['speedup_ddtree']}))\n"
                  "plots.show(plots.lines(tree, 'budget', 'tau', ['accuracy', 'mode'], 'Acceptance length',\n"
-                 "                       ceilings, y_title='tokens per step', log_y=False, spread=False))\n"
+                 "                       ceilings, y_title='tokens per step', log_y=False, spread=False,\n"
+                 "                       hlines={'paper, chain': paper['tau_chain'],\n"
+                 "                               'paper, DDTree 512': paper['tau_ddtree_512']}))\n"
                  "plots.table(through)"),
         ("md", "## Where a step's time goes"),
         ("code", "plots.table(breakdown.pivot_table(index='phase', columns=['mode', 'decode', 'budget'],\n"

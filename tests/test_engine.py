@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from kdtree.attention import HEADS, random_case, reference_attention
-from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, ModelConfig, SyntheticDrafter, allocate_cache, build_model,
+from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, PAPER_MATH500_QWEN3_8B_FIGURES, ModelConfig,
+                           SyntheticDrafter, allocate_cache, build_model,
                            chain_tree, generate, get_config, get_drafter_config, latent_attention,
                            simulate_acceptance, tp_slice, visibility_mask)
 from kdtree.engine.ddtree import DecodeState, _advance, run_phases, start
@@ -260,7 +261,8 @@ def test_simulated_acceptance_equals_the_engine(model):
         assert torch.equal(simulate_acceptance(drafter, budget, NEW), out.accepted)
 
 
-@pytest.mark.parametrize("budget,topk,tau", [(15, 1, 7.8), (512, None, 10.7)])
+@pytest.mark.parametrize("budget,topk,tau", [(15, 1, PAPER_MATH500_QWEN3_8B_FIGURES["tau_chain"]),
+                                             (512, None, PAPER_MATH500_QWEN3_8B_FIGURES["tau_ddtree_512"])])
 def test_paper_calibration(gen, budget, topk, tau):
     """The calibrated drafter reproduces the paper's chain (DFlash) and budget-512 acceptance."""
     ref = torch.randint(0, 256, (24, 500), generator=gen)

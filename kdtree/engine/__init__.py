@@ -7,13 +7,14 @@ from kdtree.engine.config import (DRAFTER_PRESETS, MODEL_PRESETS, DrafterConfig,
                                   get_config, get_drafter_config, tp_slice)
 from kdtree.engine.ddtree import (DecodeState, Generation, ar_phases, capture, chain_tree, ddtree_phases,
                                   generate, needed_capacity, prefill, run_phases, start)
-from kdtree.engine.drafter import PAPER_MATH500_QWEN3_8B, Drafter, SyntheticDrafter, simulate_acceptance
+from kdtree.engine.drafter import (PAPER_MATH500_QWEN3_8B, PAPER_MATH500_QWEN3_8B_FIGURES, Drafter, SyntheticDrafter,
+                                   simulate_acceptance)
 from kdtree.engine.model import Transformer, build_model, latent_attention, visibility_mask
 from kdtree.engine.profile import (measured_capacity, self_consistent_run, set_greedy_reference, step_breakdown,
                                    throughput_sweep)
 
-__all__ = ["DRAFTER_PRESETS", "MODEL_PRESETS", "PAPER_MATH500_QWEN3_8B", "DecodeState", "Drafter",
-           "DrafterConfig", "Generation", "KVCache", "ModelConfig", "SyntheticDrafter", "Transformer",
+__all__ = ["DRAFTER_PRESETS", "MODEL_PRESETS", "PAPER_MATH500_QWEN3_8B", "PAPER_MATH500_QWEN3_8B_FIGURES", "DecodeState",
+           "Drafter", "DrafterConfig", "Generation", "KVCache", "ModelConfig", "SyntheticDrafter", "Transformer",
            "allocate_cache", "ar_phases", "build_model", "capture", "chain_tree", "ddtree_phases", "generate",
            "get_config", "get_drafter_config", "latent_attention", "measured_capacity", "needed_capacity",
            "prefill", "run_phases", "self_consistent_run", "set_greedy_reference", "simulate_acceptance",
