@@ -4,7 +4,7 @@ Usage (GPU host, from the repository root):
 
     PYTHONPATH=. python scripts/engine_bench.py --out DIR [--preset kimi_k2_attn] [--layers 8] [--batch 1]
         [--prompt 512] [--new 256] [--budgets 1,16,32,64,128,256,512] [--drafter small]
-        [--accuracies paper,0.7,0.8,0.95]
+        [--accuracies paper,0.7,0.8,0.95] [--max-rounds 16]
 
 Writes ``DIR/engine_throughput.csv`` (greedy, the single chain and DDTree per budget: tau,
 tokens/s, speedup, lossless, agree_ar, first_divergence, reference_rounds, self_consistent)
@@ -38,12 +38,13 @@ def main() -> None:
     ap.add_argument("--breakdown-budgets", default="16,64,256,512")
     ap.add_argument("--accuracies", default="paper,0.7,0.8,0.95")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per breakdown")
+    ap.add_argument("--max-rounds", type=int, default=16, help="cap on the drafter reference's rounds per run (bf16)")
     args = ap.parse_args()
     ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
     through, breakdown, meta = engine_tables(
         args.preset, layers=args.layers, drafter=args.drafter, batch=args.batch, prompt=args.prompt,
         new=args.new, budgets=ints(args.budgets), breakdown_budgets=ints(args.breakdown_budgets),
-        accuracies=args.accuracies.split(","), steps=args.steps)
+        accuracies=args.accuracies.split(","), steps=args.steps, max_rounds=args.max_rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     through.to_csv(args.out / "engine_throughput.csv", index=False)
     breakdown.to_csv(args.out / "engine_breakdown.csv", index=False)
