@@ -92,7 +92,8 @@ def _routing(model, full_routes, step_routes) -> dict:
     assert len(full_routes) == len(step_routes) == len(layers)
     flips = [layer for layer, a, b in zip(layers, full_routes, step_routes)
              if set(a.topk(k).indices.tolist()) != set(b.topk(k).indices.tolist())]
-    margin = min(float(s.topk(k + 1).values[k - 1] - s.topk(k + 1).values[k]) for s in full_routes)
+    tops = [s.topk(k + 1).values for s in full_routes]
+    margin = min(float(v[k - 1] - v[k]) for v in tops)
     noise = max(float((a - b).abs().max()) for a, b in zip(full_routes, step_routes))
     return {"route_flip": bool(flips), "route_flip_layers": flips, "route_margin": round(margin, 6),
             "route_noise": round(noise, 6)}

@@ -3,8 +3,9 @@
 One run times, per (budget, batch): the paper's reference path and the serving-stack path on
 the CPU (device copies included), the GPU build eagerly and under CUDA-graph replay (with the
 share of sequences that took the parallel path), the serial heap alone under graph replay (the
-v5 kernel, the baseline of the parallel path), and greedy accept plus KV compaction. Every GPU result is first checked bit-identical to the reference on
-the same inputs. On a machine without a GPU only the CPU paths run.
+v5 kernel, the baseline of the parallel path), and greedy accept plus KV compaction. Every GPU
+result is first checked bit-identical to the reference on the same inputs. On a machine without
+a GPU only the CPU paths run.
 """
 from __future__ import annotations
 
