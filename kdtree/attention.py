@@ -24,6 +24,7 @@ import functools
 import math
 import numbers
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -215,8 +216,76 @@ def _launch_combine(o_part, lse_part, out, lse):
                                         np.int32(NH), np.int32(slots)), device=out.device)
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one CUDA verify-attention call runs: what the cost model and every results row record.
+
+    Attributes
+    ----------
+    variant : str
+        ``naive``, ``cascade`` or ``fused``.
+    impl : str
+        The fused kernel (``wgmma`` or ``mma``); ``naive`` for the naive kernel.
+    layout : str
+        ``rows_m``: (tree row x head) rows on the tensor tile's M dimension, padded to ``tile_rows``.
+    tile_rows : int
+        Rows per tensor tile; a sequence's ``nodes x heads`` rows are computed in multiples of it.
+    splits : int
+        KV splits of the (prefix) pass; above 1 each split writes fp32 partials that a combine reads.
+    partial_slots : int
+        fp32 partial sets written (``splits`` when split, plus one for cascade's tree pass; 0 if none).
+    launches : int
+        Kernel launches per call.
+    """
+
+    variant: str
+    impl: str
+    layout: str
+    tile_rows: int
+    splits: int
+    partial_slots: int
+    launches: int
+
+
+def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int,
+                impl: str = "wgmma", splits: int | None = None) -> LaunchPlan:
+    """The launch plan of a CUDA verify-attention call, computed on the host without a GPU.
+
+    Parameters
+    ----------
+    variant : str
+        ``naive``, ``cascade`` or ``fused``.
+    batch, nodes, heads : int
+        B, N (tree nodes) and H (heads on this GPU).
+    kv_rows : int
+        S, the cache length the kernel walks (``kv.shape[1]``).
+    num_sms : int
+        Streaming multiprocessors of the device (132 on an H200).
+    impl : str
+        The fused kernel, ``wgmma`` or ``mma`` (see ``fused_impl``).
+    splits : int, optional
+        Force the KV split count (default: ``choose_splits``).
+
+    Returns
+    -------
+    LaunchPlan
+    """
+    if variant == "naive":
+        return LaunchPlan("naive", "naive", "per_head", 1, 1, 0, 1)
+    if variant not in ("fused", "cascade"):
+        raise ValueError(f"variant: expected naive, cascade or fused, got {variant!r}")
+    if impl not in FUSED_IMPLS:
+        raise ValueError(f"impl: expected one of {FUSED_IMPLS}, got {impl!r}")
+    blocks = -(-(nodes * heads) // _FUSED_BM) * batch
+    rows = kv_rows if variant == "fused" else kv_rows - nodes
+    s = splits or choose_splits(blocks, rows, num_sms)
+    if variant == "fused":
+        return LaunchPlan("fused", impl, "rows_m", _FUSED_BM, s, s if s > 1 else 0, 2 if s > 1 else 1)
+    return LaunchPlan("cascade", impl, "rows_m", _FUSED_BM, s, s + 1, 3)
+
+
 def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, impl=None):
-    """Launch a CUDA variant into ``out``/``lse``.
+    """Launch a CUDA variant into ``out``/``lse`` following ``launch_plan``.
 
     ``splits`` overrides the KV split heuristic, ``impl`` (``"mma"``/``"wgmma"``) the fused kernel
     that ``fused`` and ``cascade`` run (default: ``fused_impl`` of the device).
@@ -234,23 +303,19 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
                                        np.int32(S), np.int32(N), np.int32(H), np.int32(vis.shape[2]),
                                        np.float32(scale_log2)), device=q.device)
         return
-    blocks = -(-(N * H) // _FUSED_BM) * B
-    sms = _num_sms(_index(q.device))
-    impl = impl or fused_impl(_index(q.device))
+    plan = launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=S, num_sms=_num_sms(_index(q.device)),
+                       impl=impl or fused_impl(_index(q.device)), splits=splits)
+    s = plan.splits
+    if plan.partial_slots == 0:
+        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, None, None, 1, 0, 0, scale_log2)
+        return
+    o_part = torch.empty((plan.partial_slots, B, N * H, D_V), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((plan.partial_slots, B, N * H), dtype=torch.float32, device=q.device)
     if variant == "fused":
-        s = splits or choose_splits(blocks, S, sms)
-        if s == 1:
-            _launch_fused(impl, q, kv, pl, vis, out, lse, None, None, 1, 0, 0, scale_log2)
-            return
-        o_part = torch.empty((s, B, N * H, D_V), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((s, B, N * H), dtype=torch.float32, device=q.device)
-        _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 0, scale_log2)
+        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 0, scale_log2)
     else:  # cascade: prefix pass (split), tree pass, merge
-        s = splits or choose_splits(blocks, S - N, sms)
-        o_part = torch.empty((s + 1, B, N * H, D_V), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((s + 1, B, N * H), dtype=torch.float32, device=q.device)
-        _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 1, scale_log2)
-        _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, 1, s, 2, scale_log2)
+        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 1, scale_log2)
+        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, o_part, lse_part, 1, s, 2, scale_log2)
     _launch_combine(o_part, lse_part, out, lse)
 
 
