@@ -598,16 +598,25 @@ extern "C" __global__ void __launch_bounds__(256) accept_tree(
 // KV compaction: row prefix_lens[b] + i <- row prefix_lens[b] + indices[b, i], i < length[b],
 // in place. Each thread owns one column (a WORD_T) of one sequence and layer, reads every
 // accepted row of it into registers before writing any, so in-place moves are safe.
-// Grid: (ceil(row_words / blockDim), B, layers). Strides are in WORD_T units.
+// Grid: (ceil(row_words / blockDim), B, layers). Strides are in WORD_T units; rows = S, the
+// cache rows per sequence.
+// Bounds guard: whatever it is given, the kernel touches only rows 0 .. rows - 1 of a sequence.
+// A sequence whose length lies outside 1 .. max_len, whose prefix is negative, or one of whose
+// first length entries names a source or destination row outside the cache is skipped whole
+// (left unchanged); every thread of the sequence reaches the same verdict from the same data.
 extern "C" __global__ void compact_kv(
     WORD_T* __restrict__ kv, long long layer_stride, long long batch_stride, long long row_stride,
-    int row_words, const PLEN_T* __restrict__ prefix_lens, const int* __restrict__ indices,
+    long long rows, int row_words, const PLEN_T* __restrict__ prefix_lens, const int* __restrict__ indices,
     const int* __restrict__ length, int max_len) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x, b = blockIdx.y;
     if (c >= row_words) return;
-    WORD_T* base = kv + blockIdx.z * layer_stride + b * batch_stride + (long long)prefix_lens[b] * row_stride + c;
+    const long long prefix = (long long)prefix_lens[b];
     const int len = length[b];
+    if (len < 1 || len > max_len || len > MAX_ACCEPT || prefix < 0) return;
     const int* idx = indices + (long long)b * max_len;
+    for (int i = 0; i < len; ++i)
+        if (idx[i] < 0 || prefix + idx[i] >= rows || prefix + i >= rows) return;
+    WORD_T* base = kv + blockIdx.z * layer_stride + b * batch_stride + prefix * row_stride + c;
     WORD_T vals[MAX_ACCEPT];
 #pragma unroll
     for (int i = 0; i < MAX_ACCEPT; ++i)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+INT32_MAX = 2**31 - 1
+
 
 def need(cond: bool, exc: type, msg: str) -> None:
     """Raise ``exc(msg)`` unless ``cond``."""
@@ -10,12 +12,41 @@ def need(cond: bool, exc: type, msg: str) -> None:
         raise exc(msg)
 
 
-def check_tensor(name: str, t, dtypes: tuple, ndim: int | None = None, device=None) -> None:
-    """``t`` is a contiguous torch tensor of one of ``dtypes`` (and ``ndim`` dims, on ``device``)."""
+def check_storage(name: str, t) -> None:
+    """``t`` is a torch tensor with data (not on the meta device) that does not require grad.
+
+    The ops launch kernels on raw memory and write in place: they are not differentiable, and a
+    meta tensor has no memory to read.
+    """
     need(isinstance(t, torch.Tensor), TypeError, f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    need(not t.is_meta, ValueError, f"{name}: is a meta tensor (shape only, no data); pass a tensor on a real device")
+    need(not t.requires_grad, ValueError,
+         f"{name}: requires grad; kdtree ops are not differentiable (pass {name}.detach())")
+
+
+def check_tensor(name: str, t, dtypes: tuple, ndim: int | None = None, device=None) -> None:
+    """``t`` is a contiguous torch tensor of one of ``dtypes`` (and ``ndim`` dims, on ``device``),
+    with data and not requiring grad (:func:`check_storage`)."""
+    check_storage(name, t)
     need(t.dtype in dtypes, TypeError, f"{name}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
     if ndim is not None:
         need(t.dim() == ndim, ValueError, f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
     if device is not None:
         need(t.device == device, ValueError, f"{name}: expected device {device}, got {t.device}")
     need(t.is_contiguous(), ValueError, f"{name}: expected a contiguous tensor (call .contiguous())")
+
+
+def reads_values(validate: bool, device: torch.device) -> bool:
+    """Whether the value checks run: asked for, and not inside a CUDA-graph capture (reading a
+    value synchronises with the host, which a capture cannot do)."""
+    return validate and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def check_token_ids(name: str, t: torch.Tensor, low: int = 0) -> None:
+    """Every id of ``t`` lies in ``low .. 2**31 - 1``: the trees hold tokens as int32, and -1 is
+    their padding value. Reads the values (a host synchronisation)."""
+    if t.numel() == 0:
+        return
+    lo, hi = int(t.min()), int(t.max())
+    need(low <= lo and hi <= INT32_MAX, ValueError,
+         f"{name}: token ids must lie in {low}..{INT32_MAX} (int32), got values in {lo}..{hi}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kdtree.checks import check_tensor, need
+from kdtree.checks import check_storage, check_tensor, check_token_ids, need, reads_values
 
 MAX_DEPTH = 32     # L, draft positions after the root
 MAX_TOPK = 1024    # K
@@ -67,8 +67,9 @@ class Tree:
                      draft_depth: int | None = None) -> "Tree":
         """Build a Tree from a parent array [B, N] (-1 for root and padding), on its device.
 
-        Node 0 must be the root and every parent must precede its child. Depth and the
-        visibility mask are derived; useful for tests and for trees made elsewhere.
+        Node 0 must be the root and every parent must precede its child; ``tokens`` (ids in
+        -1..2**31 - 1, -1 for padding) default to 0 for real nodes. Depth and the visibility
+        mask are derived; useful for tests and for trees made elsewhere.
         """
         if parents.dim() != 2:
             raise ValueError(f"parents: expected [B, N], got shape {tuple(parents.shape)}")
@@ -88,6 +89,7 @@ class Tree:
         L = int(depth.max()) if draft_depth is None else draft_depth
         if tokens is None:
             tokens = torch.where(valid, 0, -1).to(torch.int32)
+        check_token_ids("tokens", tokens, low=-1)
         return cls(tokens.to(torch.int32), parents, depth, num_nodes,
                    visibility_reference(parents, num_nodes), L)
 
@@ -128,7 +130,8 @@ def visibility_reference(parents: torch.Tensor, num_nodes: torch.Tensor) -> torc
 
 # ---------------------------------------------------------------------------------------------
 # Validation: every check that needs no device synchronisation runs always; the data checks
-# (NaN/inf, sorted rows) read the values and sit behind ``validate=`` so graph capture works.
+# (NaN/inf, sorted rows, token ids, accepted rows) read the values and sit behind ``validate=``;
+# they are skipped inside a CUDA-graph capture, which cannot read values.
 # ---------------------------------------------------------------------------------------------
 
 _INT = (torch.int32, torch.int64)
@@ -154,11 +157,14 @@ def _check_build_args(logprobs, tokens, budget, root_tokens, validate: bool) -> 
              f"root_tokens: expected shape ({B},), got {tuple(root_tokens.shape)}")
         need(root_tokens.device == logprobs.device, ValueError,
              f"root_tokens: on {root_tokens.device}, logprobs on {logprobs.device}")
-    if validate:
+    if reads_values(validate, logprobs.device):
         need(bool(torch.isfinite(logprobs).all()), ValueError,
              "logprobs: contains NaN or infinite values (topk_logprobs clamps -inf to the float32 minimum)")
         need(bool((logprobs[..., 1:] <= logprobs[..., :-1]).all()), ValueError,
              "logprobs: every [b, l, :] row must be sorted in descending order")
+        check_token_ids("tokens", tokens)
+        if root_tokens is not None:
+            check_token_ids("root_tokens", root_tokens, low=-1)
 
 
 def _backend(backend: str, device: torch.device) -> str:
@@ -330,16 +336,17 @@ def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, budget: int,
         Per-position top-K draft log-probs, each row sorted descending, finite.
         L <= 32, K <= 1024 (K < budget is fine).
     tokens : int32 or int64 [B, L, K]
-        The token ids of those log-probs.
+        The token ids of those log-probs, in 0..2**31 - 1 (the tree holds them as int32).
     budget : int
         Non-root nodes to keep, 1..1024; the tree has N = budget + 1 rows.
     root_tokens : int32 or int64 [B], optional
-        Token of node 0 (the previous bonus token); -1 when not given.
+        Token of node 0 (the previous bonus token), in -1..2**31 - 1; -1 when not given.
     backend : {"auto", "torch", "cuda"}
         "auto" runs the CUDA kernel on CUDA tensors and the reference otherwise.
     validate : bool
-        Check the values (finite, sorted). Needs a device synchronisation, so pass False
-        under CUDA-graph capture; the shape, dtype and device checks always run.
+        Check the values (finite, sorted, token ids in range). Needs a device synchronisation;
+        skipped under CUDA-graph capture. The shape, dtype and device checks always run. With
+        False, ids out of range are cast to int32 unchecked.
 
     Returns
     -------
@@ -381,19 +388,52 @@ def _launch_build(logprobs, tokens, budget, root_tokens=None, *, serial: bool = 
     return Tree(out_tok, out_par, out_dep, out_num, vis, L)
 
 
+def _check_accepted_rows(prefix_lens: torch.Tensor, accepted: Accepted, S: int) -> None:
+    """compact_kv's value checks: every row the compaction reads or writes lies in the cache.
+
+    Raises ValueError naming the argument and the first sequence that breaks a rule.
+    """
+    P, n, idx = prefix_lens.long(), accepted.length.long(), accepted.indices.long()
+    M = idx.shape[1]
+    live = torch.arange(M, device=idx.device) < n[:, None]
+    # indices start at 0 and increase, so indices[b, i] >= i: the source rows bound the destinations
+    last = P + torch.where(live, idx, 0).amax(1)
+    rules = (
+        (P < 0, lambda b: f"prefix_lens: negative prefix length {int(P[b])} (sequence {b})"),
+        ((n < 1) | (n > M), lambda b: f"accepted.length: must be in 1..{M} (root included), "
+                                      f"sequence {b} has {int(n[b])}"),
+        (((idx < 0) & live).any(1), lambda b: f"accepted.indices: a negative index (padding) inside "
+                                              f"the first length[{b}] = {int(n[b])} entries of sequence {b}"),
+        (idx[:, 0] != 0, lambda b: f"accepted.indices: sequence {b} must start at the root (0), "
+                                   f"starts at {int(idx[b, 0])}"),
+        (((idx[:, 1:] <= idx[:, :-1]) & live[:, 1:]).any(1),
+         lambda b: f"accepted.indices: sequence {b} must increase along the walk (a child follows its parent)"),
+        (last >= S, lambda b: f"prefix_lens: prefix_lens[{b}] + accepted.indices[{b}] reaches row "
+                              f"{int(last[b])}, outside the cache (S = {S})"),
+    )
+    for bad, message in rules:
+        hits = bad.nonzero()
+        if hits.numel():
+            raise ValueError(message(int(hits[0, 0])))
+
+
 def _check_tree(tree) -> None:
     need(isinstance(tree, Tree), TypeError, f"tree: expected a kdtree.Tree, got {type(tree).__name__}")
 
 
-def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto") -> Accepted:
+def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto",
+                validate: bool = True) -> Accepted:
     """Greedy DDTree acceptance.
 
     Parameters
     ----------
     tree : Tree
     target_tokens : int32 or int64 [B, N]
-        The target model's choice (argmax) at every tree node.
+        The target model's choice (argmax) at every tree node, in 0..2**31 - 1.
     backend : {"auto", "torch", "cuda"}
+    validate : bool
+        Check that the target's ids fit int32 (``bonus`` is int32). Needs a device
+        synchronisation; skipped under CUDA-graph capture.
 
     Returns
     -------
@@ -408,7 +448,10 @@ def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto") 
          f"target_tokens: expected shape {tuple(tree.tokens.shape)}, got {tuple(target_tokens.shape)}")
     need(target_tokens.device == tree.device, ValueError,
          f"target_tokens: on {target_tokens.device}, tree on {tree.device}")
-    if _backend(backend, tree.device) == "torch":
+    backend = _backend(backend, tree.device)
+    if reads_values(validate, tree.device):
+        check_token_ids("target_tokens", target_tokens)
+    if backend == "torch":
         return accept_reference(tree, target_tokens)
     from kdtree import kernels
 
@@ -437,31 +480,42 @@ def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
     prefix_lens : int32 or int64 [B]
     accepted : Accepted
         Row ``prefix_lens[b] + i`` receives row ``prefix_lens[b] + indices[b, i]`` for
-        ``i < length[b]``.
+        ``i < length[b]``: ``indices`` int32 [B, M] and ``length`` int32 [B] on kv's device,
+        M <= 33, as ``accept_tree`` returns them.
     backend : {"auto", "torch", "cuda"}
     validate : bool
-        Check that every moved row lies inside the cache (reads the values: a device
-        synchronisation, so pass False under graph capture).
+        Check the whole ``accepted`` against ``kv`` and ``prefix_lens`` before the first write:
+        ``length[b]`` in 1..M, ``indices[b, :length[b]]`` the root 0 first, increasing (a walk
+        down the tree), no -1, every source and destination row inside the cache. Reads the
+        values (a device synchronisation; skipped under CUDA-graph capture).
+
+    Notes
+    -----
+    Without validation the CUDA kernel still never touches a row outside ``0 .. S - 1`` of a
+    sequence: a sequence whose ``length`` is outside 1..M, whose prefix is negative, or one of
+    whose first ``length`` entries names a row outside the cache is left as it is (skipped
+    whole). The torch backend relies on the validation.
     """
-    need(isinstance(kv, torch.Tensor), TypeError, f"kv: expected a torch.Tensor, got {type(kv).__name__}")
+    check_storage("kv", kv)
     need(kv.dim() in (3, 4), ValueError, f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")
     need(kv.stride(-1) == 1, ValueError, "kv: the last dimension must be contiguous")
     need(isinstance(accepted, Accepted), TypeError,
          f"accepted: expected a kdtree.Accepted, got {type(accepted).__name__}")
-    check_tensor("prefix_lens", prefix_lens, _INT, 1)
     B, S = kv.shape[-3], kv.shape[-2]
-    need(prefix_lens.shape[0] == B and accepted.length.shape[0] == B, ValueError,
-         f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}; "
-         f"accepted has {accepted.length.shape[0]}")
-    for name, t in (("prefix_lens", prefix_lens), ("accepted", accepted.indices)):
-        need(t.device == kv.device, ValueError, f"{name}: on {t.device}, kv on {kv.device}")
+    check_tensor("prefix_lens", prefix_lens, _INT, 1, kv.device)
+    check_tensor("accepted.indices", accepted.indices, (torch.int32,), 2, kv.device)
+    check_tensor("accepted.length", accepted.length, (torch.int32,), 1, kv.device)
+    need(prefix_lens.shape[0] == B, ValueError,
+         f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}")
+    need(accepted.indices.shape[0] == B and accepted.length.shape[0] == B, ValueError,
+         f"accepted: expected {B} sequences (kv's batch), got {accepted.indices.shape[0]} index rows "
+         f"and {accepted.length.shape[0]} lengths")
     M = accepted.indices.shape[1]
-    need(M <= MAX_DEPTH + 1, ValueError, f"accepted: at most {MAX_DEPTH + 1} indices per row, got {M}")
-    if validate:
-        last = prefix_lens.long() + accepted.indices.long().amax(1)
-        need(bool((prefix_lens >= 0).all()) and bool((last < S).all()), ValueError,
-             f"prefix_lens: prefix_lens[b] + indices[b] must index rows of the cache (S = {S})")
-    if _backend(backend, kv.device) == "torch":
+    need(1 <= M <= MAX_DEPTH + 1, ValueError, f"accepted.indices: 1..{MAX_DEPTH + 1} indices per row, got {M}")
+    backend = _backend(backend, kv.device)
+    if reads_values(validate, kv.device):
+        _check_accepted_rows(prefix_lens, accepted, S)
+    if backend == "torch":
         return compact_kv_reference(kv, prefix_lens, accepted)
     from kdtree import kernels
 
@@ -479,29 +533,45 @@ def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
     threads = min(128, max(32, row_words))
     kernels.launch(fn, ((row_words + threads - 1) // threads, B, layers), (threads,),
                    (kernels.ptr(kv), np.int64(lstride), np.int64(bstride), np.int64(rstride),
-                    np.int32(row_words), kernels.ptr(prefix_lens), kernels.ptr(accepted.indices),
+                    np.int64(S), np.int32(row_words), kernels.ptr(prefix_lens), kernels.ptr(accepted.indices),
                     kernels.ptr(accepted.length), np.int32(M)), device=kv.device)
 
 
-def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_logprobs(logits: torch.Tensor, k: int, validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-softmax over the vocabulary, then the top-``k``: how drafter logits reach build_tree.
 
     Parameters
     ----------
     logits : float tensor [..., V]
+        Every row a distribution: no NaN, no +inf, at least one finite value. -inf entries
+        (masked tokens) are fine.
     k : int, 1..min(V, 1024)
+    validate : bool
+        Check the rows (a device synchronisation; skipped under CUDA-graph capture). Without
+        it, a row with NaN, +inf or only -inf gives NaN log-probs, which ``build_tree``
+        (validate=True) then refuses.
 
     Returns
     -------
-    logprobs : float32 [..., k], sorted descending, -inf clamped to the float32 minimum
+    logprobs : float32 [..., k]
+        Sorted descending; the -inf of masked tokens becomes the float32 minimum, so the
+        values are finite and ``build_tree`` takes them.
     tokens : int64 [..., k]
     """
-    need(isinstance(logits, torch.Tensor), TypeError, f"logits: expected a torch.Tensor, got {type(logits).__name__}")
+    check_storage("logits", logits)
     need(logits.is_floating_point(), TypeError, f"logits: expected a floating dtype, got {logits.dtype}")
     need(logits.dim() >= 1, ValueError, "logits: needs a vocabulary dimension")
     V = logits.shape[-1]
-    need(isinstance(k, int) and 1 <= k <= min(V, MAX_TOPK), ValueError,
+    need(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= min(V, MAX_TOPK), ValueError,
          f"k: must be an int in 1..min(vocab={V}, {MAX_TOPK}), got {k!r}")
+    if reads_values(validate, logits.device):
+        for bad, what in ((torch.isnan(logits).any(-1), "contains NaN"),
+                          (torch.isposinf(logits).any(-1), "contains +inf"),
+                          (~torch.isfinite(logits).any(-1), "has no finite value (all -inf, no distribution)")):
+            hits = bad.reshape(-1).nonzero()
+            if hits.numel():
+                row = tuple(int(i) for i in np.unravel_index(int(hits[0, 0]), logits.shape[:-1]))
+                raise ValueError(f"logits: row {row} {what}")
     lp = torch.log_softmax(logits.float(), dim=-1)
     vals, idx = torch.topk(lp, k, dim=-1, sorted=True)
     return vals.clamp_min(torch.finfo(torch.float32).min).contiguous(), idx.contiguous()
