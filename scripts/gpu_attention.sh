@@ -1,23 +1,46 @@
 #!/bin/bash
-# verify_attention on a GPU in one call: kernel self-check, GPU tests, benchmark, compute-sanitizer.
-# Logs and the benchmark table go under $OUT (default /tmp/gpu_attention).
-# KDTREE_FUSED_IMPL=wgmma exercises the opt-in wgmma kernel too; if its self-check fails, the
-# rest runs on the mma.sync kernel so the benchmark still produces a table.
+# verify_attention on a GPU in one call: build and self-check every fused kernel, time the fused
+# kernels at the development shapes (scripts/attention_dev.py), compute-sanitizer (memcheck,
+# racecheck, synccheck) per kernel, the GPU tests; a short table last. Logs under $OUT (default
+# /tmp/gpu_attention): selfcheck.log, dev.log, dev.csv, sanitizer.log, gpu_tests.log.
+#   SANITIZE="rows_n wgmma mma"  kernels to sanitize, in order (default: all three)
+#   BUDGET=420                   seconds; a step that would start past it is skipped (and says so)
+#   DEV_ARGS=--splits            extra arguments of attention_dev.py
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/gpu_attention}
+BUDGET=${BUDGET:-420}
 mkdir -p "$OUT"
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+have() {  # have SECONDS_NEEDED NAME: is there time for this step?
+  if [ $((SECONDS + $1)) -gt "$BUDGET" ]; then echo "SKIPPED $2 (budget ${BUDGET}s, at ${SECONDS}s)"; return 1; fi
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
-  --format=csv 2>&1 | tee "$OUT/smi.txt"
-if timeout 100 python3 tests/sanitize_attention.py > "$OUT/selfcheck.log" 2>&1; then
-  echo "selfcheck ok (fused kernel: ${KDTREE_FUSED_IMPL:-mma})"
-elif [ "${KDTREE_FUSED_IMPL:-mma}" != mma ]; then
-  echo "selfcheck FAILED with ${KDTREE_FUSED_IMPL}: falling back to the mma.sync kernel"; export KDTREE_FUSED_IMPL=mma
+  --format=csv 2>&1 | tee "$OUT/dev.log"
+git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/dev.log"
+if timeout 150 python3 tests/sanitize_attention.py > "$OUT/selfcheck.log" 2>&1; then
+  echo "selfcheck ok ($(grep -c ' ok$' "$OUT/selfcheck.log") runs) at ${SECONDS}s"
 else
-  echo "selfcheck FAILED"
+  echo "selfcheck FAILED at ${SECONDS}s:"; grep -E "FAIL|Error|error" "$OUT/selfcheck.log" | head -20
 fi
-tail -30 "$OUT/selfcheck.log"
-timeout 180 python3 -m pytest -q -m gpu -k "not sanitizer" tests/test_attention.py 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
-timeout 240 python3 -m kdtree.bench.attention_bench --out "$OUT/verify_attention_h200" 2>&1 | tee "$OUT/bench.log"
-timeout 150 python3 -m pytest -q -m gpu -k sanitizer -s tests/test_attention.py 2>&1 | grep -E "SUMMARY|passed|failed|Error|error|FAIL" | tee "$OUT/sanitizer.log"
+have 60 timing && timeout $((BUDGET - SECONDS - 30)) python3 scripts/attention_dev.py --out "$OUT/dev.csv" \
+  $DEV_ARGS >> "$OUT/dev.log" 2>&1
+echo "timing done at ${SECONDS}s (rc $?)"
+: > "$OUT/sanitizer.log"
+for kernel in ${SANITIZE:-rows_n wgmma mma}; do
+  for tool in memcheck racecheck synccheck; do
+    have 40 "$tool $kernel" || continue
+    echo "== $tool $kernel" >> "$OUT/sanitizer.log"
+    timeout 150 "$SAN" --tool=$tool python3 tests/sanitize_attention.py $kernel >> "$OUT/sanitizer.log" 2>&1
+    echo "$tool $kernel (rc $?): $(grep -E 'SUMMARY' "$OUT/sanitizer.log" | tail -1) at ${SECONDS}s"
+  done
+done
+grep -c FAIL "$OUT/sanitizer.log" | sed 's/^/sanitizer FAIL lines: /'
+if have 60 "GPU tests"; then
+  timeout $((BUDGET - SECONDS)) python3 -m pytest -q -m gpu -k "not sanitizer" tests/test_attention.py \
+    > "$OUT/gpu_tests.log" 2>&1
+  grep -E "FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -15
+fi
+sed -n '/^copy /,$p' "$OUT/dev.log"
+grep -E "WRONG|Error" "$OUT/dev.log" | head

@@ -1,9 +1,9 @@
-"""The workbook on CPU: cost models, roofline classification, ceilings, sweeps (a failing point
-and resume), the notebooks (clean, parameterized, all executed through papermill), reports."""
+"""The workbook on CPU: ceilings, sweeps (a failing point and resume), the notebooks (clean,
+parameterized, all executed through papermill), reports. The cost model and the roofline are
+tested in test_models.py, the counter parser in test_counters.py."""
 from __future__ import annotations
 
 import ast
-import math
 import runpy
 from pathlib import Path
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from kdtree.bench import models, plots, roofline
+from kdtree.bench import plots, roofline
 from kdtree.bench.ceilings import Ceilings, measure_ceilings
 from kdtree.bench.report import compare_runs, compare_table, headline, load_run
 from kdtree.bench.sweep import load_spec, plan, read_manifest, run_sweep, summary
@@ -22,115 +22,6 @@ from workbook_run import ROOT, cpu_run
 # An H200-like set of ceilings (numbers of the order measured there; the tests need no GPU).
 H200 = Ceilings(device="NVIDIA H200", kind="gpu", hbm_bw=4.3e12, l2_bw=10e12, tensor_flops=780e12,
                 fp32_flops=50e12, launch_eager_us=12.0, launch_graph_us=1.5, l2_bytes=60 << 20)
-
-
-# ---- models ----
-
-def test_verify_flops_and_minimum_bytes_follow_the_mla_model():
-    c = models.verify_attention_cost("fused", batch=2, nodes=9, heads=16, prefix=100, tree_visible=3.0)
-    rows = 2 * 9 * 16
-    assert c.flops == rows * (100 + 3) * 2 * (576 + 512)
-    kv = 2 * (100 + 9) * 576 * 2
-    q, out = rows * 576 * 2, rows * (512 * 2 + 4)
-    vis = 2 * 9 * 1 * 8
-    assert c.bytes_min == q + out + kv + vis
-    assert c.bytes_moved == c.bytes_min and c.compute == "tensor" and c.launches == 1
-
-
-def test_naive_rereads_the_latent_per_head_and_query():
-    fused = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
-    naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
-    assert naive.flops == fused.flops
-    # every (query, head) row reads its visible KV rows: ~ heads x nodes times the KV bytes
-    visible = 4096 + 17
-    assert naive.bytes_moved - fused.bytes_min == pytest.approx(33 * 64 * visible * 1152 - (4096 + 33) * 1152)
-    assert naive.reread > 500 and "re-reads the latent" in naive.note
-    assert models.verify_attention_cost("cascade", batch=1, nodes=33, heads=64, prefix=4096).launches == 3
-
-
-def test_unknown_variant_gets_the_minimum_and_says_so():
-    c = models.verify_attention_cost("shiny", batch=1, nodes=5, heads=8, prefix=10)
-    assert c.bytes_moved == c.bytes_min and "no byte model" in c.note
-
-
-@pytest.mark.parametrize("kw", [dict(batch=-1), dict(nodes=0), dict(prefix=float("nan")), dict(tree_visible=99)])
-def test_bad_shapes_raise(kw):
-    args = dict(batch=1, nodes=9, heads=8, prefix=10) | kw
-    with pytest.raises(ValueError):
-        models.verify_attention_cost("fused", **args)
-
-
-def test_cost_for_row_maps_bench_columns():
-    c = models.cost_for_row({"kernel": "build", "variant": "gpu", "budget": 64, "batch": 8, "depth": 15, "topk": 64})
-    assert c.flops == 0 and c.bytes_min > 0 and "heap" in c.note
-    v = models.cost_for_row({"kernel": "verify_attention", "variant": "fused", "budget": 32, "batch": 1,
-                             "heads": 8, "prefix": 10})
-    assert v.flops == models.verify_attention_cost("fused", batch=1, nodes=33, heads=8, prefix=10).flops
-    assert models.cost_for_row({"kernel": "other"}) is None
-    with pytest.raises(ValueError, match="heads"):
-        models.cost_for_row({"kernel": "verify_attention", "variant": "fused", "q_len": 9, "batch": 1, "prefix": 1})
-
-
-# ---- roofline ----
-
-def test_naive_is_l2_bound_far_below_the_tensor_core_roof():
-    cost = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
-    t_l2 = cost.bytes_moved / H200.l2_bw * 1e6
-    r = roofline.classify_point(cost, H200, 2 * t_l2, "graph", "cold", "naive")
-    assert r["bound"] == "l2" and r["fraction"] == pytest.approx(0.5)
-    assert r["ideal_roof"] == "tensor" and r["gap_to_ideal"] > 50
-    assert r["diagnosis"].startswith("naive: re-reads the latent per head")
-    assert "L2-bound at 50% of the L2 roof" in r["diagnosis"] and "x below the tensor-core roof" in r["diagnosis"]
-
-
-def test_fused_large_is_tensor_bound_and_small_graph_is_launch_bound():
-    big = models.verify_attention_cost("fused", batch=16, nodes=257, heads=64, prefix=16384)
-    t_tc = big.flops / H200.tensor_flops * 1e6
-    r = roofline.classify_point(big, H200, t_tc / 0.4, "graph", "cold", "fused")
-    assert r["bound"] == "tensor" and r["fraction"] == pytest.approx(0.4)
-    small = models.verify_attention_cost("fused", batch=1, nodes=2, heads=8, prefix=1)
-    r = roofline.classify_point(small, H200, 14.0, "eager", "warm", "fused")
-    assert r["bound"] == "launch" and "launch-bound" in r["diagnosis"]
-
-
-def test_warm_l2_removes_the_hbm_roof_only_when_the_data_fits():
-    fits = models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=1024)
-    assert roofline.roof_times(fits, H200, "graph", "warm")["hbm"] == 0
-    assert roofline.roof_times(fits, H200, "graph", "cold")["hbm"] > 0
-    huge = models.verify_attention_cost("fused", batch=64, nodes=9, heads=8, prefix=65536)
-    assert roofline.roof_times(huge, H200, "graph", "warm")["hbm"] > 0
-
-
-def test_serial_kernel_far_above_its_roofs_is_latency_bound():
-    cost = models.build_tree_cost("gpu", batch=1, budget=64, depth=15)
-    r = roofline.classify_point(cost, H200, 200.0, "graph", "warm", "gpu")
-    assert r["bound"] == "latency" and "latency-bound" in r["diagnosis"]
-    assert r["ideal_roof"] == "launch" and r["diagnosis"].endswith("133x the one-launch floor")
-
-
-def test_host_rows_against_gpu_ceilings_get_no_roof():
-    cost = models.build_tree_cost("cpu_paper", batch=1, budget=64, depth=15)
-    r = roofline.classify_point(cost, H200, 900.0, "host", "n/a", "cpu_paper")
-    assert r["bound"] == "host" and math.isnan(r["fraction"])
-
-
-def test_classify_adds_columns_and_leaves_unmodelled_rows_empty():
-    df = pd.DataFrame([{"kernel": "verify_attention", "variant": "naive", "q_len": 33, "prefix": 4096, "batch": 1,
-                        "heads": 64, "mode": "graph", "l2": "cold", "median_us": 900.0},
-                       {"kernel": "mystery", "variant": "x", "mode": "graph", "l2": "cold", "median_us": 5.0}])
-    out = roofline.classify(df, H200)
-    assert set(roofline.COLUMNS) <= set(out.columns) and len(out) == 2
-    assert out.loc[0, "bound"] == "l2" and pd.isna(out.loc[1, "bound"])
-    with pytest.raises(ValueError, match="median_us"):
-        roofline.classify(df.drop(columns=["median_us"]), H200)
-
-
-def test_bad_timing_mode_and_l2_state_raise():
-    cost = models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=10)
-    with pytest.raises(ValueError, match="mode"):
-        roofline.roof_times(cost, H200, "turbo", "cold")
-    with pytest.raises(ValueError, match="l2"):
-        roofline.roof_times(cost, H200, "graph", "lukewarm")
 
 
 # ---- ceilings and figures ----
@@ -333,31 +224,3 @@ def test_cli_reports_a_run_whose_timed_points_all_failed(tmp_path, capsys):
     assert len(list((reports / "p" / "02_verify_attention").glob("*.html"))) == 1   # the failed page
     with pytest.raises(ValueError, match="no timed results"):
         main(["compare", str(tmp_path / "p"), str(tmp_path / "p"), "--reports", str(reports)])
-
-
-def test_variants_are_found_by_name_at_run_time(monkeypatch):
-    import torch
-
-    from kdtree import attention
-    from kdtree.bench import attention_bench
-    from kdtree.bench.attention_sweep import runnable_variants
-
-    assert runnable_variants(torch.device("cpu")) == ["torch"]
-    monkeypatch.setattr(attention, "VARIANTS", (*attention.VARIANTS, "shiny"))
-    monkeypatch.setattr(attention_bench, "VARIANTS", (*attention_bench.VARIANTS, "bench_only"))
-    on_gpu = runnable_variants(torch.device("cuda"))
-    assert {"shiny", "bench_only", *attention.CUDA_VARIANTS} <= set(on_gpu)
-    assert "shiny" in runnable_variants(torch.device("cpu"))      # not declared CUDA-only
-    with pytest.raises(ValueError, match="bogus"):
-        runnable_variants(torch.device("cpu"), ["bogus"])
-
-
-def test_ideal_roof_is_the_fastest_compute_unit():
-    cpu = Ceilings(device="CPU (test)", kind="cpu", hbm_bw=1e10, l2_bw=5e10, tensor_flops=1e9, fp32_flops=8e10,
-                   launch_eager_us=7.0, launch_graph_us=float("nan"))
-    cost = models.verify_attention_cost("torch", batch=1, nodes=33, heads=8, prefix=4096)
-    t, roof = roofline.ideal_time(cost, cpu, "host")
-    assert roof == "fp32" and t == pytest.approx(cost.flops / 8e10 * 1e6)
-    assert roofline.ideal_time(cost, H200, "graph")[1] == "tensor"
-    lines = roofline.roof_lines(cpu)
-    assert lines[lines.roof == "hbm"]["flops"].max() == pytest.approx(8e10)

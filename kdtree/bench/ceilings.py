@@ -1,9 +1,13 @@
 """Device ceilings, measured once per run: the roofs every kernel is judged against.
 
-On a GPU: HBM copy bandwidth (a copy far larger than the L2), L2 bandwidth (a copy that fits
-in the L2, replayed in a CUDA graph), the dense bf16 tensor-core rate and the plain fp32 FMA
-rate (matrix products, TF32 off for fp32), and the per-launch latency of a tiny kernel eager
-and inside a graph. Datasheet numbers ride along as labels only.
+On a GPU: HBM bandwidth as the best of three probes over buffers of 2 GiB or more (a read-only
+kernel, a write-only kernel and a torch copy; each probe's figure is kept in ``probes`` with
+its method), L2 bandwidth (a read kernel over a buffer resident in the L2), the dense bf16
+tensor-core rate and the plain fp32 FMA rate (matrix products, TF32 off for fp32), the
+per-launch latency of a tiny kernel eager and inside a graph, and the host floor of each of
+kdtree's ops (``eager_floor_us``: the eager time of the op at a trivial size, through the
+package's own Python path), which eager timings are compared with instead of a device roof.
+Datasheet numbers ride along as labels only.
 
 Without a GPU the same fields are filled with host numbers (DRAM and cache copy bandwidth,
 CPU matrix-product rates, torch op overhead) and the set is labelled ``kind="cpu"``, so the
@@ -59,6 +63,11 @@ class Ceilings:
         L2 size; data smaller than this can stay resident between warm-L2 calls.
     methods : dict
         How each field was measured.
+    probes : dict
+        Every bandwidth probe's figure in bytes/s (``hbm_read``, ``hbm_write``, ``hbm_copy``...).
+    eager_floor_us : dict
+        Per op (``verify_attention``, ``build_tree``, ``accept_tree``, ``compact_kv``): the eager
+        time of one call at a trivial size through kdtree's Python path (empty on CPU).
     """
 
     device: str
@@ -71,6 +80,8 @@ class Ceilings:
     launch_graph_us: float
     l2_bytes: int | None = None
     methods: dict = field(default_factory=dict)
+    probes: dict = field(default_factory=dict)
+    eager_floor_us: dict = field(default_factory=dict)
 
     @property
     def datasheet(self) -> dict:
@@ -87,6 +98,15 @@ class Ceilings:
         if mode in ("eager", "host"):
             return self.launch_eager_us
         raise ValueError(f"mode: expected 'eager', 'graph' or 'host', got {mode!r}")
+
+    def eager_floor(self, kernel: str, launches: int = 1) -> float:
+        """Host floor in microseconds of an eager call of ``kernel`` that takes ``launches``
+        launches: the op's measured floor plus one eager launch per further launch (the bare
+        eager launch latency per launch when the op was not measured)."""
+        base = self.eager_floor_us.get(kernel)
+        if base is None:
+            return launches * self.launch_eager_us
+        return base + max(launches - 1, 0) * self.launch_eager_us
 
     def caption(self) -> str:
         """One line naming the device and its measured ceilings, for figure subtitles."""
@@ -108,6 +128,14 @@ class Ceilings:
                          "value": value / scale, "unit": unit,
                          "datasheet": ds / scale if ds is not None else float("nan"),
                          "method": self.methods.get(name, "")})
+        for name, value in self.probes.items():
+            rows.append({"device": self.device, "kind": self.kind, "ceiling": f"probe:{name}",
+                         "value": value / 1e12, "unit": "TB/s", "datasheet": float("nan"),
+                         "method": self.methods.get(f"probe:{name}", "")})
+        for name, value in self.eager_floor_us.items():
+            rows.append({"device": self.device, "kind": self.kind, "ceiling": f"eager_floor:{name}",
+                         "value": value, "unit": "us", "datasheet": float("nan"),
+                         "method": self.methods.get("eager_floor_us", "")})
         return pd.DataFrame(rows)
 
     def save(self, path: str | Path) -> Path:
@@ -127,17 +155,12 @@ class Ceilings:
         return cls(**data)
 
 
-def _copy_bw(nbytes: int, device: str, *, reps: int, graph_calls: int = 0) -> float:
+def _copy_bw(nbytes: int, device: str, *, reps: int) -> float:
     """Copy bandwidth (read + write) of a ``nbytes`` buffer, in bytes/s."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     fn = lambda: dst.copy_(src)  # noqa: E731
-    if device == "cpu":
-        t = time_host(fn, reps=reps)
-    elif graph_calls:
-        t = time_graph(fn, reps=reps, calls_per_graph=graph_calls)
-    else:
-        t = time_events([fn], reps=reps, l2="cold")
+    t = time_host(fn, reps=reps) if device == "cpu" else time_events([fn], reps=reps, l2="cold")
     return 2 * src.numel() * 4 / (t.median_us * 1e-6)
 
 
@@ -151,37 +174,114 @@ def _matmul_rate(n: int, dtype: torch.dtype, device: str, *, reps: int) -> float
     return 2 * n ** 3 / (t.median_us * 1e-6)
 
 
+def _probe_kernel(name: str):
+    from kdtree.kernels import get_kernel
+
+    return get_kernel("probes", name)
+
+
+def _read_bw(buf: torch.Tensor, passes: int, *, reps: int, l2: str) -> float:
+    """Bytes/s of ``read_probe`` over ``buf`` (float32, a multiple of 4 values), ``passes``
+    passes per launch, CUDA events; ``l2="cold"`` flushes the L2 before each launch."""
+    import numpy as np
+
+    from kdtree.kernels import launch, ptr
+
+    fn = _probe_kernel("read_probe")
+    sink = torch.zeros(1, device=buf.device)
+    n = buf.numel() // 4
+    sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
+    run = lambda: launch(fn, (8 * sms,), (256,), (ptr(buf), np.int64(n), np.int32(passes),  # noqa: E731
+                                                  np.float32(-1.0), ptr(sink)))
+    t = time_events([run], reps=reps, warmup=3, l2=l2)
+    return n * 16 * passes / (t.median_us * 1e-6)
+
+
+def _write_bw(buf: torch.Tensor, *, reps: int) -> float:
+    """Bytes/s of ``write_probe`` over ``buf``, CUDA events, L2 flushed before each launch."""
+    import numpy as np
+
+    from kdtree.kernels import launch, ptr
+
+    fn = _probe_kernel("write_probe")
+    n = buf.numel() // 4
+    sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
+    run = lambda: launch(fn, (8 * sms,), (256,), (ptr(buf), np.int64(n), np.float32(1.0)))  # noqa: E731
+    t = time_events([run], reps=reps, warmup=3, l2="cold")
+    return n * 16 / (t.median_us * 1e-6)
+
+
+def eager_floors(reps: int = 200) -> dict[str, float]:
+    """Host floor per op: median eager time (CUDA events around each call, the GPU otherwise
+    idle) of one call at a trivial size through kdtree's own Python path, as the benchmarks
+    call it (values unchecked, the default variant)."""
+    import kdtree
+
+    dev = torch.device("cuda")
+    lp = torch.log_softmax(torch.randn(1, 1, 2, device=dev), -1).sort(-1, descending=True).values
+    tok = torch.arange(2, device=dev).view(1, 1, 2)
+    tree = kdtree.build_tree(lp, tok, 1)
+    target = tree.tokens.clamp(min=0).to(torch.int64)
+    acc = kdtree.accept_tree(tree, target)
+    q = torch.randn(1, 2, 8, 576, device=dev).to(torch.bfloat16)
+    kv = torch.randn(1, 3, 576, device=dev).to(torch.bfloat16)
+    pl = torch.ones(1, dtype=torch.int64, device=dev)
+    ops = {"verify_attention": lambda: kdtree.verify_attention(q, kv, pl, tree, 0.1, check_values=False),
+           "build_tree": lambda: kdtree.build_tree(lp, tok, 1, validate=False),
+           "accept_tree": lambda: kdtree.accept_tree(tree, target),
+           "compact_kv": lambda: kdtree.compact_kv(kv, pl, acc, validate=False)}
+    floors = {k: time_events([fn], reps=reps, warmup=20).median_us for k, fn in ops.items()}
+    floors["accept+compact"] = floors["accept_tree"] + floors["compact_kv"]
+    return floors
+
+
 def _measure_gpu(quick: bool) -> Ceilings:
     p = torch.cuda.get_device_properties(0)
     l2 = int(p.L2_cache_size)
     reps = 10 if quick else 40
-    hbm_bytes = (1 << 28) if quick else (1 << 30)
-    l2_bytes_buf = max(l2 // 4, 1 << 20)   # source + destination fill half the L2
+    hbm_bytes = 2 << 30                    # >= 2 GiB per buffer: far past the L2, past any probe's ramp
+    resident = max(l2 // 4, 1 << 20)       # a quarter of the L2: stays resident
+    passes = 20
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         fp32 = _matmul_rate(2048 if quick else 4096, torch.float32, "cuda", reps=reps)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+    big = torch.empty(hbm_bytes // 4, device="cuda").uniform_()
+    probes = {"hbm_read": _read_bw(big, 1, reps=reps, l2="cold"), "hbm_write": _write_bw(big, reps=reps)}
+    del big
+    torch.cuda.empty_cache()
+    probes["hbm_copy"] = _copy_bw(hbm_bytes, "cuda", reps=reps)
+    torch.cuda.empty_cache()
+    small = torch.empty(resident // 4, device="cuda").uniform_()
+    probes["l2_read"] = _read_bw(small, passes, reps=reps, l2="warm")
+    del small
+    best = max(("hbm_read", "hbm_write", "hbm_copy"), key=probes.get)
     x = torch.zeros(1, device="cuda")
     tiny = lambda: x.add_(1)  # noqa: E731
+    gib = hbm_bytes >> 30
+    methods = {
+        "probe:hbm_read": f"read_probe kernel (16-byte loads) over {gib} GiB, L2 flushed, CUDA events",
+        "probe:hbm_write": f"write_probe kernel (16-byte stores) over {gib} GiB, L2 flushed, CUDA events",
+        "probe:hbm_copy": f"torch copy of {gib} GiB, L2 flushed, CUDA events; read + write bytes",
+        "probe:l2_read": f"read_probe kernel, {passes} passes over {resident >> 20} MiB resident in the "
+                         f"{l2 >> 20} MiB L2, warm, CUDA events",
+        "hbm_bw": f"best of the HBM probes: {best} ({probes[best] / 1e12:.3g} TB/s)",
+        "l2_bw": "probe:l2_read (L2 -> SM reads of a resident buffer)",
+        "tensor_flops": "torch.mm bf16 on random data, CUDA events",
+        "fp32_flops": "torch.mm fp32 with TF32 off (SIMT FFMA), CUDA events",
+        "launch_eager_us": "one-element add_, CUDA events around each eager launch",
+        "launch_graph_us": "one-element add_, 100 per CUDA graph, per-kernel time",
+        "eager_floor_us": "kdtree op at a trivial size, eager, CUDA events around each call (Python path included)",
+    }
     return Ceilings(
-        device=p.name, kind="gpu",
-        hbm_bw=_copy_bw(hbm_bytes, "cuda", reps=reps),
-        l2_bw=_copy_bw(l2_bytes_buf, "cuda", reps=reps, graph_calls=100),
+        device=p.name, kind="gpu", hbm_bw=probes[best], l2_bw=probes["l2_read"],
         tensor_flops=_matmul_rate(4096 if quick else 8192, torch.bfloat16, "cuda", reps=reps),
         fp32_flops=fp32,
         launch_eager_us=time_events([tiny], reps=200, warmup=20).median_us,
         launch_graph_us=time_graph(tiny, reps=50, calls_per_graph=100).median_us,
-        l2_bytes=l2,
-        methods={
-            "hbm_bw": f"torch copy of {hbm_bytes >> 20} MiB, CUDA events, L2 flushed; read + write bytes",
-            "l2_bw": f"torch copy of {l2_bytes_buf >> 20} MiB (L2 is {l2 >> 20} MiB), 100 per CUDA graph",
-            "tensor_flops": "torch.mm bf16 on random data, CUDA events",
-            "fp32_flops": "torch.mm fp32 with TF32 off (SIMT FFMA), CUDA events",
-            "launch_eager_us": "one-element add_, CUDA events around each eager launch",
-            "launch_graph_us": "one-element add_, 100 per CUDA graph, per-kernel time",
-        })
+        l2_bytes=l2, methods=methods, probes=probes, eager_floor_us=eager_floors())
 
 
 def _measure_cpu(quick: bool) -> Ceilings:

@@ -1,13 +1,25 @@
-"""FLOP and byte models of kdtree's kernels, per variant.
+"""The cost model of kdtree's kernels: one per kernel and variant, used by every benchmark.
 
-Each model gives the useful FLOPs, the algorithmic minimum of bytes (every input read once,
-every output written once) and the bytes the variant actually moves through the memory
-system, plus which compute unit it runs on and how many launches one call takes. The roofline
-(``kdtree.bench.roofline``) turns these into attainable times against measured ceilings.
+A call of a kernel variant is a sequence of launches (:class:`Launch`). Each launch carries the
+FLOPs it executes (padding rows of tensor tiles and masked tiles included) and the bytes it
+moves at two levels of the memory system, as the code moves them:
 
-Verify attention (MLA absorb, DESIGN.md): per (query row x head x visible token) the scores
-take 2 * 576 FLOPs and the value product 2 * 512, so 2 * (576 + 512) = 2176; a KV row is 576
-bf16 values (1152 bytes) shared by all heads.
+- ``l2_read`` / ``l2_write``: L2 <-> SM traffic, every load and store that reaches the L2
+  (a per-head re-read counts each time; split partials count when written and when read);
+- ``dram_read`` / ``dram_write``: HBM traffic of the launch started on a flushed L2 (what
+  Nsight Compute measures with ``--cache-control all``): each input byte once (the L2 catches
+  re-reads), and written bytes only where they cannot stay in the L2.
+
+:class:`Cost` sums them over a call and adds the useful FLOPs and the algorithmic minimum of
+bytes (every input read once, every output written once). ``hbm_bytes`` is the cold call's
+HBM traffic as one sequence of launches: an intermediate that one launch writes and the next
+reads (split partials) stays in the L2 when it fits. The roofline (``kdtree.bench.roofline``)
+and the counter check (``kdtree.bench.counters``) read the same figures, under the column
+names of :data:`COLUMNS`.
+
+Verify attention (MLA absorb): per (query row x head x visible token) the scores take 2 * 576
+FLOPs and the value product 2 * 512, so 2 * (576 + 512) = 2176; a KV row is 576 bf16 values
+(1152 bytes) shared by all heads. The CUDA variants follow ``kdtree.attention.launch_plan``.
 """
 from __future__ import annotations
 
@@ -17,13 +29,57 @@ from dataclasses import dataclass
 KV_DIM = 576          # latent 512 + rope 64
 V_DIM = 512           # output width per head
 BF16 = 2
+F32 = 4
 KV_ROW_BYTES = KV_DIM * BF16
 ATTN_FLOPS_PER_TOKEN = 2 * (KV_DIM + V_DIM)
+KV_TILE = 64          # KV rows per tile of the fused kernel (FUSED_BN)
+SECTOR = 32           # bytes per L2 / DRAM sector
+H200_L2_BYTES = 60 << 20
+H200_SMS = 132
+# Blocks of verify_naive resident on one SM (73 registers x 256 threads: 3 blocks per SM, as
+# Nsight Compute reports on an H200). Every block walks the same prefix rows in the same order,
+# so co-resident blocks share each row through the SM's L1: one L2 read per row per SM.
+NAIVE_RESIDENT = 3
+
+# Result-table columns every benchmark writes from a Cost (``Cost.columns``).
+COLUMNS = ("flops", "flops_exec", "bytes_min", "dram_read", "dram_write", "dram_bytes", "hbm_bytes",
+           "l2_read", "l2_write", "l2_bytes", "launches")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a call, as the code runs it.
+
+    Attributes
+    ----------
+    kernel : str
+        The CUDA function name (as Nsight Compute reports it), or a label for library ops.
+    flops_exec : float
+        FLOPs the launch executes on its compute unit (tile padding and masked work included).
+    dram_read, dram_write : float
+        HBM bytes of the launch started on a flushed L2.
+    l2_read, l2_write : float
+        L2 -> SM and SM -> L2 bytes.
+    carried : float
+        Bytes of ``dram_read`` that an earlier launch of the same call wrote (they stay in the
+        L2 between launches when they fit).
+    count : int
+        Launches this entry stands for (library ops that run several kernels).
+    """
+
+    kernel: str
+    flops_exec: float
+    dram_read: float
+    dram_write: float
+    l2_read: float
+    l2_write: float
+    carried: float = 0.0
+    count: int = 1
 
 
 @dataclass(frozen=True)
 class Cost:
-    """What one call of a kernel variant does.
+    """What one call of a kernel variant does: useful FLOPs, minimum bytes, and its launches.
 
     Attributes
     ----------
@@ -31,135 +87,298 @@ class Cost:
         Useful floating-point operations (masked work not counted).
     bytes_min : float
         Algorithmic minimum traffic: each input read once, each output written once.
-    bytes_moved : float
-        What the variant moves through L2 (re-reads, intermediates).
     compute : str
         ``"tensor"`` (bf16 tensor cores), ``"fp32"`` (CUDA-core FMA) or ``"none"``.
-    launches : int
-        Kernel launches per call (each pays the launch floor).
+    parts : tuple of Launch
+        The launches of one call, in order.
     note : str
         Why the variant moves what it moves; the first clause of the diagnosis.
+    l2_capacity : float
+        L2 bytes the model assumed (for ``hbm_bytes``); 0 when unknown.
     """
 
     flops: float
     bytes_min: float
-    bytes_moved: float
     compute: str
-    launches: int
+    parts: tuple
     note: str
+    l2_capacity: float = float(H200_L2_BYTES)
+
+    def _sum(self, name: str) -> float:
+        return float(sum(getattr(p, name) for p in self.parts))
+
+    @property
+    def launches(self) -> int:
+        """Kernel launches per call (each pays the launch floor)."""
+        return int(sum(p.count for p in self.parts))
+
+    @property
+    def flops_exec(self) -> float:
+        """FLOPs as executed (tensor-tile padding and masked tiles included)."""
+        return self._sum("flops_exec")
+
+    @property
+    def dram_read(self) -> float:
+        """HBM bytes read, each launch on a flushed L2 (what the counters measure)."""
+        return self._sum("dram_read")
+
+    @property
+    def dram_write(self) -> float:
+        """HBM bytes written during the launches (writes that stay in the L2 excluded)."""
+        return self._sum("dram_write")
+
+    @property
+    def dram_bytes(self) -> float:
+        """HBM bytes read and written, each launch on a flushed L2."""
+        return self.dram_read + self.dram_write
+
+    @property
+    def hbm_bytes(self) -> float:
+        """HBM bytes of one cold call: intermediates carried between its launches stay in the
+        L2 when the call's footprint fits, otherwise they go through HBM."""
+        carried = self._sum("carried")
+        if carried and self.dram_bytes > self.l2_capacity:
+            return self.dram_bytes
+        return self.dram_bytes - carried
+
+    @property
+    def l2_read(self) -> float:
+        """L2 -> SM bytes."""
+        return self._sum("l2_read")
+
+    @property
+    def l2_write(self) -> float:
+        """SM -> L2 bytes."""
+        return self._sum("l2_write")
+
+    @property
+    def l2_bytes(self) -> float:
+        """L2 <-> SM bytes, both directions."""
+        return self.l2_read + self.l2_write
+
+    @property
+    def bytes_moved(self) -> float:
+        """What the variant moves through the L2 (same as ``l2_bytes``)."""
+        return self.l2_bytes
 
     @property
     def intensity(self) -> float:
-        """FLOPs per byte moved (0 for kernels that do no arithmetic)."""
-        return self.flops / self.bytes_moved if self.bytes_moved else 0.0
+        """FLOPs per HBM byte of a cold call (0 for kernels that do no arithmetic)."""
+        return self.flops / self.hbm_bytes if self.hbm_bytes else 0.0
+
+    @property
+    def intensity_l2(self) -> float:
+        """FLOPs per L2 <-> SM byte."""
+        return self.flops / self.l2_bytes if self.l2_bytes else 0.0
 
     @property
     def reread(self) -> float:
-        """How many times the minimum traffic the variant moves."""
-        return self.bytes_moved / self.bytes_min if self.bytes_min else float("nan")
+        """How many times the minimum traffic the variant moves through the L2."""
+        return self.l2_bytes / self.bytes_min if self.bytes_min else float("nan")
+
+    def columns(self) -> dict:
+        """The model's figures under the result-table names of :data:`COLUMNS`."""
+        return {name: float(getattr(self, name)) for name in COLUMNS}
 
 
 def _positive(**kw) -> None:
     for name, v in kw.items():
-        if v is None or not (isinstance(v, (int, float)) and math.isfinite(v)) or v < 0:
+        if v is None or isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v)) or v < 0:
             raise ValueError(f"{name}: expected a finite number >= 0, got {v!r}")
 
 
+def _sectors(nbytes: float) -> float:
+    """Bytes rounded up to whole 32-byte sectors (the granularity of L2 and DRAM traffic)."""
+    return math.ceil(nbytes / SECTOR) * SECTOR
+
+
+def _spill(read: float, written: float, l2: float) -> float:
+    """Written bytes that reach HBM during a launch: those that do not fit in the L2 beside
+    what the launch reads (0 when everything fits)."""
+    return float(min(written, max(0.0, read + written - l2))) if l2 else float(written)
+
+
+def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int, impl: str | None,
+          splits: int | None):
+    from kdtree.attention import launch_plan
+
+    base = "fused" if variant.startswith("fused") else variant
+    if impl is None:
+        impl = "mma" if variant == "fused_mma" else "wgmma"
+    return launch_plan(base, batch=batch, nodes=nodes, heads=heads, kv_rows=kv_rows, num_sms=num_sms,
+                       impl=impl, splits=splits)
+
+
 def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, prefix: int,
-                          tree_visible: float | None = None) -> Cost:
-    """FLOPs and bytes of one tree-verify MLA attention call.
+                          tree_visible: float | None = None, kv_rows: int | None = None,
+                          num_sms: int = H200_SMS, impl: str | None = None, splits: int | None = None,
+                          l2_bytes: float = H200_L2_BYTES) -> Cost:
+    """FLOPs and bytes of one tree-verify MLA attention call, launch by launch.
 
     Parameters
     ----------
     variant : str
-        ``naive``, ``cascade``, ``fused`` (or ``fused_*``), ``torch``; other names get the
-        minimum bytes and a note saying no byte model exists for them.
+        ``naive``, ``cascade``, ``fused``, ``fused_mma`` (fused on the mma.sync kernel) or
+        ``torch``; other names get the minimum bytes and a note saying no model exists.
     batch, nodes, heads, prefix : int
         B, N (= budget + 1 = q_len), H (heads on this GPU) and P (prefix length).
     tree_visible : float, optional
         Mean number of tree nodes a node sees (its ancestors and itself). Defaults to
         (N + 1) / 2, the causal-mask average; pass the tree's mean depth + 1 when known.
+    kv_rows : int, optional
+        S, the cache length (default P + N); the launch plan's split count depends on it.
+    num_sms, impl, splits
+        As for ``kdtree.attention.launch_plan`` (``impl`` defaults to ``wgmma``, ``mma`` for
+        ``fused_mma``; ``splits`` forces the recorded split count).
+    l2_bytes : float
+        L2 capacity: written bytes beyond what fits beside the inputs reach HBM.
 
     Returns
     -------
     Cost
     """
-    _positive(batch=batch, nodes=nodes, heads=heads, prefix=prefix)
-    if nodes < 1 or heads < 1:
-        raise ValueError(f"nodes and heads must be >= 1, got nodes={nodes}, heads={heads}")
+    _positive(batch=batch, nodes=nodes, heads=heads, prefix=prefix, num_sms=num_sms, l2_bytes=l2_bytes)
+    if nodes < 1 or heads < 1 or batch < 1:
+        raise ValueError(f"batch, nodes and heads must be >= 1, got batch={batch}, nodes={nodes}, heads={heads}")
     tv = (nodes + 1) / 2 if tree_visible is None else float(tree_visible)
     if not 1 <= tv <= nodes:
         raise ValueError(f"tree_visible: expected 1..{nodes}, got {tree_visible!r}")
-    rows = batch * nodes * heads                       # (query row x head) pairs
-    visible = prefix + tv                              # KV tokens each row attends to
+    B, N, H, P = int(batch), int(nodes), int(heads), int(prefix)
+    S = P + N if kv_rows is None else int(kv_rows)
+    rows = B * N * H                                    # (query row x head) pairs
+    visible = P + tv                                    # KV tokens each row attends to
     flops = rows * visible * ATTN_FLOPS_PER_TOKEN
     q = rows * KV_DIM * BF16
-    out = rows * V_DIM * BF16 + rows * 4               # bf16 output + fp32 lse
-    kv = batch * (prefix + nodes) * KV_ROW_BYTES
-    vis = batch * nodes * math.ceil(nodes / 64) * 8
+    out = rows * V_DIM * BF16 + rows * F32              # bf16 output + fp32 lse
+    kv = B * (P + N) * KV_ROW_BYTES
+    vis = B * N * math.ceil(N / 64) * 8
     bytes_min = q + out + kv + vis
-    if variant == "naive":
-        moved = q + out + vis + rows * visible * KV_ROW_BYTES
-        return Cost(flops, bytes_min, moved, "fp32", 1,
-                    f"re-reads the latent per head and query ({moved / bytes_min:.0f}x the minimum bytes)")
-    if variant == "cascade":
-        partials = 2 * rows * (V_DIM * 4 + 4)          # fp32 out + lse of each pass
-        moved = bytes_min + 2 * partials               # written by the passes, read by the merge
-        return Cost(flops, bytes_min, moved, "tensor", 3,
-                    "prefix pass + tree pass + lse merge (3 launches, fp32 partials)")
-    if variant.startswith("fused"):                   # fused and its kernel-forced forms (fused_mma)
-        return Cost(flops, bytes_min, bytes_min, "tensor", 1, "single pass on tensor cores")
     if variant == "torch":
-        scores = batch * heads * nodes * (prefix + nodes) * 4
-        moved = bytes_min + kv * V_DIM / KV_DIM + 4 * scores
-        return Cost(flops, bytes_min, moved, "fp32", 8,
-                    "float32 reference: materialises the score matrix")
-    return Cost(flops, bytes_min, bytes_min, "tensor", 1,
-                f"no byte model for variant {variant!r}; minimum bytes assumed")
+        scores = B * H * N * (P + N) * F32
+        read = bytes_min - out + kv * V_DIM / KV_DIM
+        moved = read + out + 4 * scores
+        part = Launch("torch ops", flops, read, _spill(read, out + 2 * scores, l2_bytes), moved - out, out, count=8)
+        return Cost(flops, bytes_min, "fp32", (part,), "float32 reference: materialises the score matrix",
+                    float(l2_bytes))
+    if variant == "naive":
+        reread = rows * visible * KV_ROW_BYTES
+        part = Launch("verify_naive", flops, q + kv + vis, _spill(q + kv + vis, out, l2_bytes),
+                      q + vis + reread / NAIVE_RESIDENT, out)
+        return Cost(flops, bytes_min, "fp32", (part,),
+                    f"re-reads the latent per head and query ({(q + reread + out) / bytes_min:.0f}x the minimum bytes)",
+                    float(l2_bytes))
+    if not (variant.startswith("fused") or variant == "cascade"):
+        part = Launch(variant, flops, bytes_min - out, out, bytes_min - out, out)
+        return Cost(flops, bytes_min, "tensor", (part,),
+                    f"no byte model for variant {variant!r}; minimum bytes assumed", float(l2_bytes))
+
+    plan = _plan(variant, B, N, H, S, num_sms, impl, splits)
+    kernel = {"rows_n": "verify_fused_rows_n"}.get(plan.layout,
+                                                  "verify_fused_wgmma" if plan.impl == "wgmma" else "verify_fused")
+    row_tiles = math.ceil(N * H / plan.tile_rows)       # per sequence; each reads its KV range once
+    padded = B * row_tiles * plan.tile_rows
+    part_bytes = rows * (V_DIM * F32 + F32)             # one fp32 partial set (o and lse)
+
+    def pass_launch(kv_tokens: int, slots: int) -> Launch:
+        tiles = math.ceil(kv_tokens / KV_TILE)
+        read = q + B * kv_tokens * KV_ROW_BYTES + vis
+        written = slots * part_bytes if slots else out
+        return Launch(kernel, padded * tiles * KV_TILE * ATTN_FLOPS_PER_TOKEN, read, _spill(read, written, l2_bytes),
+                      q + B * row_tiles * kv_tokens * KV_ROW_BYTES + vis, written)
+
+    def combine(slots: int) -> Launch:
+        read = slots * part_bytes
+        return Launch("verify_combine", 0.0, read, _spill(read, out, l2_bytes), read, out, carried=read)
+
+    if variant == "cascade":
+        parts = (pass_launch(P, plan.splits), pass_launch(N, 1), combine(plan.partial_slots))
+        note = (f"prefix pass ({plan.splits} split{'s' if plan.splits > 1 else ''}) + tree pass + lse merge: "
+                f"{plan.launches} launches, {plan.partial_slots} fp32 partial sets")
+    elif plan.partial_slots:
+        parts = (pass_launch(P + N, plan.splits), combine(plan.partial_slots))
+        note = (f"single pass on tensor cores in {plan.splits} KV splits: fp32 partials "
+                f"({plan.partial_slots * part_bytes / 1e6:.1f} MB) written and merged by a second launch")
+    else:
+        parts = (pass_launch(P + N, 0),)
+        note = "single pass on tensor cores"
+    pad = padded / rows
+    if pad > 1.05:
+        note += f" ({pad:.2f}x rows computed: tiles of {plan.tile_rows})"
+    return Cost(flops, bytes_min, "tensor", parts, note, float(l2_bytes))
 
 
-def build_tree_cost(variant: str, *, batch: int, budget: int, depth: int, topk: int | None = None) -> Cost:
-    """Bytes of one tree build (a heap walk: no floating-point work to speak of).
+def launch_plan_columns(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int,
+                        num_sms: int = H200_SMS, impl: str | None = None) -> dict:
+    """``splits``, ``layout`` and ``impl`` of a verify-attention call, for its results row
+    (empty strings and 1 split for variants without a launch plan)."""
+    if not (variant.startswith("fused") or variant in ("cascade", "naive")):
+        return {"splits": 1, "layout": "", "impl": variant}
+    p = _plan(variant, batch, nodes, heads, kv_rows, num_sms, impl, None)
+    return {"splits": p.splits, "layout": p.layout, "impl": p.impl}
 
-    The heap touches at most ``2 * budget + 1`` of the ``depth x topk`` log-prob entries per
-    sequence (each pop pushes a sibling and a child), reading a float32 log-prob and a token id
-    each, and writes tokens, parents, depth (int32) and the visibility bitmask of N nodes.
+
+def build_tree_cost(variant: str, *, batch: int, budget: int, depth: int, topk: int | None = None,
+                    token_bytes: int = 8, l2_bytes: float = H200_L2_BYTES) -> Cost:
+    """Bytes of one tree build: one launch, one block per sequence (no floating-point work
+    to speak of). Both paths (``parallel`` threshold selection and the ``heap``) first copy the
+    sequence's ``depth x topk`` float32 log-probs into shared memory, then read one token id
+    (``token_bytes``) per selected node and write tokens, parents, depth (int32), the node
+    count and the visibility bitmask of N nodes. CPU variants (``cpu_*``) get the same bytes.
     """
     _positive(batch=batch, budget=budget, depth=depth)
     topk = budget if topk is None else topk
     n = budget + 1
-    read = batch * min(depth * topk, 2 * budget + 1) * 8
-    write = batch * (n * 12 + 4 + n * math.ceil(n / 64) * 8)
-    return Cost(0.0, read + write, read + write, "none", 1,
-                "sequential best-first heap, one block per sequence")
+    lp = batch * _sectors(depth * topk * F32)
+    tok = batch * min(_sectors(depth * topk * token_bytes), _sectors(budget * token_bytes) + depth * SECTOR)
+    written = batch * (3 * n * 4 + 4 + n * math.ceil(n / 64) * 8)
+    read = lp + tok
+    path = {"parallel": "parallel threshold selection, one block per sequence",
+            "heap": "serial best-first heap, one warp per sequence",
+            "gpu_heap": "serial best-first heap, one warp per sequence"}.get(
+        variant, "best-first tree build, one block per sequence")
+    part = Launch("build_tree", 0.0, read, _spill(read, written, l2_bytes), read, written)
+    return Cost(0.0, batch * (depth * topk * F32 + budget * token_bytes) + written, "none", (part,), path,
+                float(l2_bytes))
 
 
-def accept_tree_cost(variant: str, *, batch: int, budget: int, depth: int) -> Cost:
-    """Bytes of one accept walk: tree tokens, parents and target tokens in, indices out."""
+def accept_tree_cost(variant: str, *, batch: int, budget: int, depth: int, target_bytes: int = 8,
+                     l2_bytes: float = H200_L2_BYTES) -> Cost:
+    """Bytes of one accept walk: tree tokens and parents (int32) and the target's tokens in,
+    indices, length and bonus out."""
     _positive(batch=batch, budget=budget, depth=depth)
     n = budget + 1
-    moved = batch * (3 * n * 4 + (depth + 1) * 4 + 8)
-    return Cost(0.0, moved, moved, "none", 1, "pointer-chasing walk from the root")
+    read = batch * (2 * _sectors(n * 4) + _sectors(n * target_bytes) + SECTOR)
+    written = batch * ((depth + 1) * 4 + 8)
+    part = Launch("accept_tree", 0.0, read, _spill(read, written, l2_bytes), read, written)
+    return Cost(0.0, batch * (n * (8 + target_bytes) + 4) + written, "none", (part,),
+                "pointer-chasing walk from the root", float(l2_bytes))
 
 
-def compact_kv_cost(variant: str, *, batch: int, depth: int, accepted: float | None = None) -> Cost:
-    """Bytes of one KV compaction: each accepted row (576 bf16) read and written once.
+def compact_kv_cost(variant: str, *, batch: int, depth: int, accepted: float | None = None,
+                    moved: float | None = None, row_bytes: int = KV_ROW_BYTES,
+                    l2_bytes: float = H200_L2_BYTES) -> Cost:
+    """Bytes of one KV compaction: every accepted row that changes place read and written once.
 
-    ``accepted`` is the mean accepted length (root included); default ``depth + 1``, the most.
+    ``accepted`` is the mean accepted length (root included; default ``depth + 1``, the most);
+    ``moved`` the mean rows per sequence that change place (default ``accepted - 1``: the
+    root stays; the kernel skips a row already in place).
     """
     _positive(batch=batch, depth=depth)
-    rows = (depth + 1) if accepted is None else accepted
-    moved = 2 * batch * rows * KV_ROW_BYTES
-    return Cost(0.0, moved, moved, "none", 1, "row copy of the accepted KV")
+    acc = (depth + 1) if accepted is None else float(accepted)
+    rows = max(acc - 1, 0.0) if moved is None else float(moved)
+    data = batch * rows * row_bytes
+    meta = batch * 3 * SECTOR                      # prefix length, length, indices
+    part = Launch("compact_kv", 0.0, data + meta, _spill(data + meta, data, l2_bytes), data + meta, data)
+    return Cost(0.0, 2 * data, "none", (part,), "row copy of the accepted KV", float(l2_bytes))
 
 
-def accept_compact_cost(variant: str, *, batch: int, budget: int, depth: int,
-                        accepted: float | None = None) -> Cost:
+def accept_compact_cost(variant: str, *, batch: int, budget: int, depth: int, accepted: float | None = None,
+                        moved: float | None = None, l2_bytes: float = H200_L2_BYTES) -> Cost:
     """Accept walk followed by KV compaction, as one step (two launches)."""
-    a = accept_tree_cost(variant, batch=batch, budget=budget, depth=depth)
-    c = compact_kv_cost(variant, batch=batch, depth=depth, accepted=accepted)
-    return Cost(0.0, a.bytes_min + c.bytes_min, a.bytes_moved + c.bytes_moved, "none", 2,
-                "accept walk, then row copy of the accepted KV")
+    a = accept_tree_cost(variant, batch=batch, budget=budget, depth=depth, l2_bytes=l2_bytes)
+    c = compact_kv_cost(variant, batch=batch, depth=depth, accepted=accepted, moved=moved, l2_bytes=l2_bytes)
+    return Cost(0.0, a.bytes_min + c.bytes_min, "none", a.parts + c.parts,
+                "accept walk, then row copy of the accepted KV", float(l2_bytes))
 
 
 MODELS = {
@@ -170,15 +389,19 @@ MODELS = {
     "accept+compact": accept_compact_cost,
 }
 
-# Result-table column -> model argument, per kernel; optional ones may be absent.
+# Result-table column -> model argument, per kernel; optional ones ("?") may be absent.
 _ARGS = {
     "verify_attention": {"batch": "batch", "nodes": "q_len", "heads": "heads", "prefix": "prefix",
-                         "tree_visible": "tree_visible?"},
+                         "tree_visible": "tree_visible?", "kv_rows": "kv_rows?", "impl": "impl?",
+                         "splits": "splits?"},
     "build_tree": {"batch": "batch", "budget": "budget", "depth": "depth", "topk": "topk?"},
     "accept_tree": {"batch": "batch", "budget": "budget", "depth": "depth"},
-    "compact_kv": {"batch": "batch", "depth": "depth", "accepted": "accepted?"},
-    "accept+compact": {"batch": "batch", "budget": "budget", "depth": "depth", "accepted": "accepted?"},
+    "compact_kv": {"batch": "batch", "depth": "depth", "accepted": "accepted?", "moved": "moved?"},
+    "accept+compact": {"batch": "batch", "budget": "budget", "depth": "depth", "accepted": "accepted?",
+                       "moved": "moved?"},
 }
+_FLOAT_ARGS = ("tree_visible", "accepted", "moved")
+_STR_ARGS = ("impl",)
 _ALIASES = {"build": "build_tree", "tree_build": "build_tree", "accept": "accept_tree", "compact": "compact_kv",
             "compaction": "compact_kv", "attention": "verify_attention", "verify": "verify_attention"}
 
@@ -189,31 +412,37 @@ def kernel_name(name: str) -> str:
     return _ALIASES.get(name, name)
 
 
-def cost_for_row(row) -> Cost | None:
+def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
     """The cost of one result row (a mapping with ``kernel``, ``variant`` and shape columns).
 
     ``q_len`` may be given as ``budget`` (q_len = budget + 1) and ``depth`` defaults to 15.
-    Returns None for kernels without a model.
+    ``impl`` and ``splits`` columns, where a row records them, fix the verify launch plan
+    (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the device's L2 (default
+    the H200's). Returns None for kernels without a model.
     """
     kernel = kernel_name(str(row.get("kernel")))
     if kernel not in MODELS:
         return None
-    variant = row.get("variant") if _present(row.get("variant")) else row.get("path", "?")
+    variant = str(row.get("variant") if _present(row.get("variant")) else row.get("path", "?"))
     values = dict(row)
     if not _present(values.get("q_len")) and _present(values.get("budget")):
         values["q_len"] = int(values["budget"]) + 1
     if not _present(values.get("depth")):
         values["depth"] = 15
-    kwargs = {}
+    planned = kernel == "verify_attention" and (variant.startswith("fused") or variant == "cascade")
+    kwargs = {} if l2_bytes is None else {"l2_bytes": float(l2_bytes)}
     for arg, col in _ARGS[kernel].items():
         optional = col.endswith("?")
         col = col.rstrip("?")
-        if _present(values.get(col)):
-            kwargs[arg] = float(values[col]) if arg in ("tree_visible", "accepted") else int(values[col])
+        v = values.get(col)
+        if arg in ("impl", "splits") and not planned:
+            continue
+        if _present(v) and not (arg in _STR_ARGS and v not in ("mma", "wgmma")):
+            kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in _STR_ARGS else int(v)
         elif not optional:
             raise ValueError(f"{kernel} row needs column {col!r} for its cost model; row has {sorted(values)}")
-    return MODELS[kernel](str(variant), **kwargs)
+    return MODELS[kernel](variant, **kwargs)
 
 
 def _present(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v))
+    return v is not None and v != "" and not (isinstance(v, float) and math.isnan(v))

@@ -1,18 +1,26 @@
 """Hierarchical roofline: which roof binds a measured point, how close it gets, and why.
 
-Every roof is a lower bound on the time of one call:
+Every roof is a lower bound on the time of one call, from the one cost model
+(``kdtree.bench.models``):
 
-- ``launch``: launches x the measured launch latency of the timing mode (eager or graph);
-- ``hbm``: the minimum bytes over the HBM copy bandwidth (zero for a warm L2 when the working
-  set fits in the L2: it stays resident between calls);
-- ``l2``: the bytes the variant actually moves over the L2 bandwidth;
-- ``tensor`` / ``fp32``: the useful FLOPs over the rate of the unit the variant runs on.
+- ``launch``: launches x the measured per-kernel launch latency inside a CUDA graph;
+- ``hbm``: the call's HBM bytes (``hbm_bytes``: inputs from a cold L2, intermediates that stay
+  in the L2, written bytes that spill) over the HBM bandwidth; zero for a warm L2 when the
+  working set fits in the L2;
+- ``l2``: the L2 <-> SM bytes the variant moves (re-reads, partials) over the L2 bandwidth;
+- ``tensor`` / ``fp32``: the FLOPs as executed (tile padding included) over the rate of the
+  unit the variant runs on.
 
 The attainable time is the largest of these, the binding roof is the one that sets it, and
 the fraction is attainable / measured. A point whose binding roof is the launch floor but which
 takes more than twice that is ``latency``-bound: serial work that no roof describes. The gap to
-the *ideal* roof (tensor-core FLOPs, the minimum bytes from HBM, or a single launch, whichever
-is largest) says how far any variant could still go.
+the *ideal* roof (useful FLOPs on the fastest unit, the minimum bytes from HBM, or a single
+launch, whichever is largest) says how far any variant could still go.
+
+Eager timings include kdtree's Python dispatch, so they are never judged against a device
+roof: an eager point is compared with the host floor of its op (``Ceilings.eager_floor``, the
+eager time of the same op at a trivial size through the package's own path) and gets bound
+``host``. Host-timed (CPU) points on a GPU run get no roof either.
 """
 from __future__ import annotations
 
@@ -22,19 +30,19 @@ import numpy as np
 import pandas as pd
 
 from kdtree.bench.ceilings import Ceilings
-from kdtree.bench.models import Cost, cost_for_row
+from kdtree.bench.models import Cost, cost_for_row, kernel_name
 
 ROOF_LABELS = {"launch": "launch", "hbm": "HBM", "l2": "L2", "tensor": "tensor-core",
                "fp32": "fp32", "host": "host", "latency": "latency"}
 
 # Columns classify() adds.
-COLUMNS = ("flops", "bytes_min", "bytes_moved", "intensity", "achieved_tflops", "achieved_tbs",
-           "moved_tbs", "attainable_us", "fraction", "bound", "ideal_us", "ideal_roof",
-           "gap_to_ideal", "diagnosis")
+COLUMNS = ("flops", "flops_exec", "bytes_min", "hbm_bytes", "dram_bytes", "l2_bytes", "bytes_moved", "launches",
+           "intensity", "intensity_l2", "achieved_tflops", "achieved_tbs", "hbm_tbs", "moved_tbs",
+           "attainable_us", "fraction", "bound", "ideal_us", "ideal_roof", "gap_to_ideal", "diagnosis")
 
 
 def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str) -> dict[str, float]:
-    """Lower bounds on one call's time in microseconds, one per roof that applies.
+    """Device lower bounds on one call's time in microseconds, one per roof that applies.
 
     Parameters
     ----------
@@ -43,19 +51,19 @@ def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str) -> dict[str, 
     ceilings : Ceilings
         Measured roofs of the device the point ran on.
     mode : {"eager", "graph", "host"}
-        Timing mode of the measurement.
+        Timing mode of the measurement (the launch roof uses that mode's launch latency).
     l2 : {"warm", "cold", "n/a"}
         L2 state of the measurement.
     """
     if l2 not in ("warm", "cold", "n/a"):
         raise ValueError(f"l2: expected 'warm', 'cold' or 'n/a', got {l2!r}")
     times = {"launch": cost.launches * ceilings.launch_us(mode)}
-    resident = l2 == "warm" and ceilings.l2_bytes is not None and cost.bytes_min <= ceilings.l2_bytes
-    times["hbm"] = 0.0 if resident else cost.bytes_min / ceilings.hbm_bw * 1e6
-    times["l2"] = cost.bytes_moved / ceilings.l2_bw * 1e6
+    resident = l2 == "warm" and ceilings.l2_bytes is not None and cost.hbm_bytes <= ceilings.l2_bytes
+    times["hbm"] = 0.0 if resident else cost.hbm_bytes / ceilings.hbm_bw * 1e6
+    times["l2"] = cost.l2_bytes / ceilings.l2_bw * 1e6
     if cost.compute in ("tensor", "fp32"):
         rate = ceilings.tensor_flops if cost.compute == "tensor" else ceilings.fp32_flops
-        times[cost.compute] = cost.flops / rate * 1e6
+        times[cost.compute] = cost.flops_exec / rate * 1e6
     return {k: v for k, v in times.items() if math.isfinite(v)}
 
 
@@ -72,23 +80,34 @@ def ideal_time(cost: Cost, ceilings: Ceilings, mode: str) -> tuple[float, str]:
 
 
 def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, l2: str,
-                   variant: str = "") -> dict:
+                   variant: str = "", kernel: str = "") -> dict:
     """Roofline figures of one measured point (the columns of :data:`COLUMNS`).
 
     A host-timed point judged against GPU ceilings gets bound ``host`` and no fraction: the
-    GPU's roofs say nothing about a CPU path.
+    GPU's roofs say nothing about a CPU path. An eager point on a GPU gets bound ``host`` too,
+    with its fraction of the op's host floor (``Ceilings.eager_floor``): eager time includes
+    the Python dispatch, which no device roof describes.
     """
     if not (median_us > 0 and math.isfinite(median_us)):
         raise ValueError(f"median_us: expected a positive time, got {median_us!r}")
     t = median_us * 1e-6
-    out = {"flops": cost.flops, "bytes_min": cost.bytes_min, "bytes_moved": cost.bytes_moved,
-           "intensity": cost.intensity, "achieved_tflops": cost.flops / t / 1e12,
-           "achieved_tbs": cost.bytes_min / t / 1e12, "moved_tbs": cost.bytes_moved / t / 1e12}
+    out = {**{k: cost.columns()[k] for k in ("flops", "flops_exec", "bytes_min", "hbm_bytes", "dram_bytes",
+                                             "l2_bytes", "launches")},
+           "bytes_moved": cost.bytes_moved, "intensity": cost.intensity, "intensity_l2": cost.intensity_l2,
+           "achieved_tflops": cost.flops / t / 1e12, "achieved_tbs": cost.bytes_min / t / 1e12,
+           "hbm_tbs": cost.hbm_bytes / t / 1e12, "moved_tbs": cost.bytes_moved / t / 1e12}
     name = variant or "?"
+    none = dict(ideal_us=np.nan, ideal_roof="", gap_to_ideal=np.nan)
     if mode == "host" and ceilings.kind == "gpu":
-        out.update(attainable_us=np.nan, fraction=np.nan, bound="host", ideal_us=np.nan,
-                   ideal_roof="", gap_to_ideal=np.nan,
+        out.update(attainable_us=np.nan, fraction=np.nan, bound="host", **none,
                    diagnosis=f"{name}: host (CPU) path; the GPU roofs do not apply")
+        return out
+    if mode == "eager" and ceilings.kind == "gpu":
+        floor = ceilings.eager_floor(kernel_name(kernel), cost.launches)
+        out.update(attainable_us=floor, fraction=floor / median_us, bound="host", **none,
+                   diagnosis=(f"{name}: eager call, {median_us:.3g} us against a host floor of {floor:.3g} us "
+                              f"({cost.launches} launch{'es' if cost.launches > 1 else ''} through kdtree's Python "
+                              f"path), {median_us / floor:.1f}x the floor; the device roofs apply to graph replay"))
         return out
     times = roof_times(cost, ceilings, mode, l2)
     bound = max(times, key=times.get)
@@ -147,10 +166,11 @@ def classify(df: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
     rows = []
     for rec in df.to_dict("records"):
         timed = isinstance(rec["median_us"], (int, float)) and math.isfinite(rec["median_us"])
-        cost = cost_for_row(rec) if timed else None
+        cost = cost_for_row(rec, ceilings.l2_bytes) if timed else None
         variant = rec.get("variant") if isinstance(rec.get("variant"), str) else rec.get("path", "")
         rows.append({} if cost is None else
-                    classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"], str(variant)))
+                    classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"], str(variant),
+                                   str(rec["kernel"])))
     extra = pd.DataFrame(rows, index=df.index, columns=list(COLUMNS))
     return pd.concat([df.drop(columns=[c for c in COLUMNS if c in df.columns]), extra], axis=1)
 

@@ -1,11 +1,19 @@
 """Timing primitives: CUDA events, CUDA-graph replay, host clocks for CPU paths.
 
-Rules (../DESIGN.md, "Measurement rules"): warm up first; report the median and the p20-p80
+Rules (the project's measurement rules): warm up first; report the median and the p20-p80
 spread of many repetitions; device time comes from events or graph replay, never from host
 clocks around asynchronous work; cold-L2 numbers rotate over inputs larger than the L2.
+
+The GPU's SM and memory clocks are sampled while the timed work runs (``ClockSampler``: once
+after the warm-up, from a thread during the timed loop, and once more before the final
+synchronisation), and every GPU ``Timing`` carries their medians; ``clock_summary`` gives the
+spread over everything timed in this process, for a run's metadata.
 """
 from __future__ import annotations
 
+import math
+import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
@@ -24,18 +32,111 @@ class Timing:
     reps: int
     mode: str   # "eager", "graph" or "host"
     l2: str     # "warm", "cold" or "n/a" (host paths)
+    sm_clock_mhz: float = math.nan    # median SM clock sampled during the timed work (GPU only)
+    mem_clock_mhz: float = math.nan   # median memory clock, likewise
 
     def as_dict(self) -> dict:
+        """The fields as a results-row dict."""
         return asdict(self)
 
 
-def summarize(samples_us: Sequence[float], mode: str, l2: str) -> Timing:
-    """Median and p20/p80 of per-call times in microseconds."""
+def summarize(samples_us: Sequence[float], mode: str, l2: str, clocks: "ClockSampler | None" = None) -> Timing:
+    """Median and p20/p80 of per-call times in microseconds (with the clocks ``clocks`` sampled)."""
     a = np.asarray(samples_us, dtype=np.float64)
     if a.size == 0:
         raise ValueError("samples_us: no samples")
+    sm, mem = clocks.medians() if clocks is not None else (math.nan, math.nan)
     return Timing(float(np.median(a)), float(np.percentile(a, 20)), float(np.percentile(a, 80)),
-                  int(a.size), mode, l2)
+                  int(a.size), mode, l2, sm, mem)
+
+
+_RUN_CLOCKS: list[tuple[float, float]] = []   # every (sm, mem) sample of this process
+
+
+class ClockSampler:
+    """SM and memory clocks (MHz) of the current GPU, sampled while timed work runs.
+
+    Use as a context manager around a timed loop: a thread samples every ``interval`` seconds
+    (NVML through ``pynvml`` when it imports, else ``nvidia-smi``); call ``sample()`` at points
+    where the GPU is known busy (after queuing the warm-up, before the final synchronisation).
+    Without a GPU or a way to read its clocks the medians are NaN.
+    """
+
+    def __init__(self, interval: float = 0.02):
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = None
+        self._read = _clock_reader()
+
+    def sample(self) -> None:
+        """Read the clocks once now."""
+        if self._read is None:
+            return
+        try:
+            value = self._read()
+        except Exception:
+            return
+        self.samples.append(value)
+        _RUN_CLOCKS.append(value)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> "ClockSampler":
+        if self._read is not None:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def medians(self) -> tuple[float, float]:
+        """Median SM and memory clock of the samples (NaN when none)."""
+        if not self.samples:
+            return math.nan, math.nan
+        a = np.asarray(self.samples, dtype=np.float64)
+        return float(np.median(a[:, 0])), float(np.median(a[:, 1]))
+
+
+def _clock_reader():
+    """A function returning (SM MHz, memory MHz) of torch's current GPU, or None."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+        return lambda: (float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                        float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)))
+    except Exception:
+        pass
+    index = str(torch.cuda.current_device())
+
+    def smi() -> tuple[float, float]:
+        out = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=clocks.sm,clocks.mem",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5).stdout
+        sm, mem = (float(x) for x in out.strip().splitlines()[0].split(","))
+        return sm, mem
+    return smi
+
+
+def clock_summary() -> dict:
+    """Clocks sampled during all timed work of this process: median, min and max, in MHz
+    (empty when nothing was sampled)."""
+    if not _RUN_CLOCKS:
+        return {}
+    a = np.asarray(_RUN_CLOCKS, dtype=np.float64)
+    return {"sm_clock_mhz": float(np.median(a[:, 0])), "sm_clock_min_mhz": float(a[:, 0].min()),
+            "sm_clock_max_mhz": float(a[:, 0].max()), "mem_clock_mhz": float(np.median(a[:, 1])),
+            "clock_samples": int(len(a)), "clocks_sampled": "during the timed work"}
 
 
 def time_host(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2,
@@ -79,14 +180,17 @@ def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup:
         fns[i % len(fns)]()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if flush is not None:
-            flush()
-        starts[i].record()
-        fns[i % len(fns)]()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)], "eager", l2)
+    with ClockSampler() as clocks:
+        clocks.sample()
+        for i in range(reps):
+            if flush is not None:
+                flush()
+            starts[i].record()
+            fns[i % len(fns)]()
+            ends[i].record()
+        clocks.sample()
+        torch.cuda.synchronize()
+    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)], "eager", l2, clocks)
 
 
 def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int = 20,
@@ -113,12 +217,15 @@ def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int
         graph.replay()
     samples = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        if flush is not None:
-            flush()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
-    return summarize(samples, "graph", l2)
+    with ClockSampler() as clocks:
+        for i in range(reps):
+            if flush is not None:
+                flush()
+            start.record()
+            graph.replay()
+            end.record()
+            if i in (0, reps - 1):   # the replay is running: a busy-clock sample
+                clocks.sample()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
+    return summarize(samples, "graph", l2, clocks)

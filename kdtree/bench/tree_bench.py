@@ -76,12 +76,7 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     serial = lambda: _launch_build(lp, tok, budget, serial=True)  # noqa: E731
     rows.append(_row("build", "gpu_heap", budget, batch, depth, k, time_graph(serial, reps=reps // 4)))
 
-    # Accept + compaction on a target that agrees with the draft most of the way down.
-    g = torch.Generator(device=dev).manual_seed(1)
-    target = torch.randint(0, VOCAB, tree.tokens.shape, generator=g, device=dev)
-    agree = (torch.rand(tree.tokens.shape, generator=g, device=dev) < 0.7) & (tree.parents >= 0)
-    par = tree.parents.clamp(min=0).long()
-    target.scatter_(1, par, torch.where(agree, tree.tokens.long(), target.gather(1, par)))
+    target = agreeing_target(tree)
     acc_ref = accept_reference(tree, target)
     acc = kdtree.accept_tree(tree, target)
     if not all(torch.equal(getattr(acc, f).cpu(), getattr(acc_ref, f).cpu()) for f in ("indices", "length", "bonus")):
@@ -91,10 +86,31 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     accept = lambda: kdtree.accept_tree(tree, target)  # noqa: E731
     compact = lambda: kdtree.compact_kv(kv, prefix, acc, validate=False)  # noqa: E731
     both = lambda: kdtree.compact_kv(kv, prefix, kdtree.accept_tree(tree, target), validate=False)  # noqa: E731
+    shape = {"accepted": float(acc.length.float().mean()), "moved": moved_rows(acc)}
     for name, fn in (("accept", accept), ("compact", compact), ("accept+compact", both)):
-        rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=reps)))
-        rows.append(_row(name, "gpu", budget, batch, depth, k, time_graph(fn, reps=reps // 4)))
+        rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=reps)) | shape)
+        rows.append(_row(name, "gpu", budget, batch, depth, k, time_graph(fn, reps=reps // 4)) | shape)
     return rows
+
+
+def agreeing_target(tree, seed: int = 1) -> torch.Tensor:
+    """Target tokens [B, N] (int64) that agree with the draft at 70% of the nodes' parents, so
+    the accept walk goes most of the way down the tree."""
+    dev = tree.tokens.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    target = torch.randint(0, VOCAB, tree.tokens.shape, generator=g, device=dev)
+    agree = (torch.rand(tree.tokens.shape, generator=g, device=dev) < 0.7) & (tree.parents >= 0)
+    par = tree.parents.clamp(min=0).long()
+    target.scatter_(1, par, torch.where(agree, tree.tokens.long(), target.gather(1, par)))
+    return target
+
+
+def moved_rows(acc) -> float:
+    """Mean KV rows per sequence that compaction moves: accepted rows not already in place."""
+    idx = acc.indices.long()
+    pos = torch.arange(idx.shape[1], device=idx.device)
+    live = pos[None, :] < acc.length.long()[:, None]
+    return float((live & (idx != pos[None, :])).sum(1).float().mean())
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,480 @@
+"""Hardware counters against the cost model: every kernel under Nsight Compute, joined to its model.
+
+``profile(points, out_dir)`` runs each point's call once under ``ncu`` (clocks left alone:
+``--clock-control none``; every cache flushed before each kernel: ``--cache-control all``;
+only the calls themselves profiled: ``--profile-from-start off`` around each), exports the
+report with ``ncu --csv --page raw --print-units base`` and reads it with :func:`read_raw_csv`
+(the raw page, never the text output). Per launch: duration, DRAM bytes read and written, L2
+<-> SM bytes (``lts__t_sectors_srcunit_tex_*`` sectors), tensor-pipe work (bf16 tensor ops,
+HMMA/GMMA instructions, pipe activity), achieved occupancy, registers and shared memory.
+
+:func:`join_model` puts each launch beside the launch the cost model (``kdtree.bench.models``)
+predicts for it, and :func:`compare` turns that into a tidy table, one row per call (and per
+launch), figure and memory level: model, counter, ratio, tolerance and flag. DRAM bytes are
+flagged beyond :data:`TOLERANCE` ``dram_bytes`` (10%), tensor FLOPs as executed beyond 5%;
+the other levels are shown with a looser tolerance. :func:`roofline_points` places every
+call on the hierarchical roofline from counter bytes, one point per memory level.
+
+Points are mappings with ``kernel`` (``verify_attention``, ``build_tree``, ``accept_tree``,
+``compact_kv``), ``variant`` (verify: ``fused``, ``fused_mma``, ``cascade``, ``naive``; build:
+``parallel``, ``heap``; the rest ``gpu``) and the shape columns of the kernel's model.
+``python -m kdtree.bench.counters PLAN.json`` is the program ncu runs: it builds each point's
+inputs, checks the result, warms up, then runs one call between ``cudaProfilerStart`` and
+``cudaProfilerStop``, and writes ``calls.json`` beside the plan.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kdtree.bench.models import cost_for_row, kernel_name
+
+# ncu metric -> (column, scale to the column's unit). Only the metrics this ncu knows are asked for.
+METRICS = {
+    "gpu__time_duration.sum": ("duration_us", 1e6),                       # s -> us
+    "dram__bytes_read.sum": ("dram_read", 1.0),
+    "dram__bytes_write.sum": ("dram_write", 1.0),
+    "lts__t_sectors_srcunit_tex_op_read.sum": ("l2_read", 32.0),          # sectors -> bytes
+    "lts__t_sectors_srcunit_tex_op_write.sum": ("l2_write", 32.0),
+    "sm__ops_path_tensor_src_bf16_dst_fp32.sum": ("tensor_ops", 1.0),
+    "sm__inst_executed_pipe_tensor_op_hmma.sum": ("hmma_inst", 1.0),
+    "sm__inst_executed_pipe_tensor_op_gmma.sum": ("gmma_inst", 1.0),
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("hmma_active_pct", 1.0),
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": ("gmma_active_pct", 1.0),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("occupancy_pct", 1.0),
+    "launch__registers_per_thread": ("registers", 1.0),
+    "launch__shared_mem_per_block_dynamic": ("smem_dynamic", 1.0),
+    "launch__shared_mem_per_block_static": ("smem_static", 1.0),
+    "launch__grid_size": ("grid_size", 1.0),
+    "launch__block_size": ("block_size", 1.0),
+    "sm__cycles_elapsed.avg.per_second": ("sm_clock_mhz", 1e-6),          # Hz -> MHz
+    "dram__cycles_elapsed.avg.per_second": ("dram_clock_mhz", 1e-6),
+}
+HMMA_FLOPS = 2 * 16 * 8 * 16       # one warp's mma.sync m16n8k16
+TENSOR_OPS_FLOPS = 1.0             # FLOPs per counted bf16 tensor op (on an H200 the count equals
+                                   # 4096 x the HMMA.16816 instructions of the mma.sync kernel)
+KERNEL_FILTER = r"regex:^(verify_|build_tree|accept_tree|compact_kv)"
+# Relative tolerance per figure; figures in FLAGGED are the workbook's targets.
+TOLERANCE = {"dram_bytes": 0.10, "tensor_flops": 0.05, "dram_read": 0.10, "dram_write": 0.25,
+             "l2_read": 0.25, "l2_write": 0.25}
+FLAGGED = ("dram_bytes", "tensor_flops")
+SLACK_BYTES = 8 << 10              # byte differences below this are never flagged (a few sectors)
+_PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "n": 1e-9, "u": 1e-6, "m": 1e-3}
+_BASES = ("byte", "second", "hz", "cycle", "sector", "inst")
+_TIME = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_DEFAULT_UNITS = {"gpu__time_duration.sum": "ns"}   # when an export has no units row
+
+
+def find_ncu() -> str | None:
+    """Path of Nsight Compute's ``ncu`` (on PATH or under /usr/local/cuda/bin), or None."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    default = Path("/usr/local/cuda/bin/ncu")
+    return str(default) if default.exists() else None
+
+
+def _scale(unit: str) -> float:
+    if unit in _TIME:
+        return _TIME[unit]
+    if len(unit) > 1 and unit[0] in _PREFIX and unit[1:].lower() in _BASES:
+        return _PREFIX[unit[0]]
+    return 1.0
+
+
+def _to_base(value: float, unit: str) -> float:
+    """A value in ``unit`` (``Kbyte``, ``ns``, ``nsecond``, ``Ghz``, ``cycle/nsecond``...) in base units
+    (byte, second, hz, cycle/second); units without an SI prefix are returned as they are."""
+    num, _, den = unit.strip().partition("/")
+    return value * _scale(num) / (_scale(den) if den else 1.0)
+
+
+def _number(text: str) -> float:
+    text = text.strip().replace(",", "")
+    if text in ("", "n/a", "N/A"):
+        return math.nan
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def read_raw_csv(source: str | Path) -> pd.DataFrame:
+    """Per-launch counters from an ``ncu --csv --page raw`` export.
+
+    The export has a header row of metric names, a row of units, then one row per profiled
+    launch. Values are converted to base units, then to this module's columns (:data:`METRICS`;
+    times in microseconds, bytes, clocks in MHz), plus ``id`` (launch order), ``kernel_name``,
+    ``tensor_flops`` and ``smem_bytes``.
+
+    Parameters
+    ----------
+    source : path or str
+        The CSV file, or its text.
+
+    Returns
+    -------
+    DataFrame
+        One row per launch, in launch order.
+    """
+    text = Path(source).read_text() if isinstance(source, Path) or (
+        isinstance(source, str) and "\n" not in source and Path(source).exists()) else str(source)
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]   # ncu's own lines start with ==PROF==
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 2 or "Kernel Name" not in rows[0]:
+        raise ValueError("source: not an ncu --csv --page raw export (no 'Kernel Name' header)")
+    header, units, data = rows[0], rows[1], rows[2:]
+    if units and units[header.index("Kernel Name")] != "":       # exported without a units row
+        data, units = rows[1:], [_DEFAULT_UNITS.get(h, "") for h in header]
+    out = []
+    for r in data:
+        rec = {"id": int(_number(r[header.index("ID")])), "kernel_name": r[header.index("Kernel Name")]}
+        for metric, (col, scale) in METRICS.items():
+            if metric in header:
+                i = header.index(metric)
+                rec[col] = _to_base(_number(r[i]), units[i] if i < len(units) else "") * scale
+        out.append(rec)
+    df = pd.DataFrame(out).sort_values("id").reset_index(drop=True)
+    return _derived(df)
+
+
+def _derived(df: pd.DataFrame) -> pd.DataFrame:
+    """Tensor FLOPs as executed (from bf16 tensor ops, else from HMMA instructions) and shared
+    memory per block."""
+    nan = pd.Series(np.nan, index=df.index)
+    if "tensor_ops" in df and df["tensor_ops"].notna().any():
+        df["tensor_flops"] = df["tensor_ops"] * TENSOR_OPS_FLOPS
+    else:
+        df["tensor_flops"] = df.get("hmma_inst", nan) * HMMA_FLOPS
+    if "hmma_inst" in df:
+        df["hmma_flops"] = df["hmma_inst"] * HMMA_FLOPS
+    df["smem_bytes"] = df.get("smem_dynamic", nan).fillna(0) + df.get("smem_static", nan).fillna(0)
+    return df
+
+
+# ---- the model side ----
+
+def model_launches(call: dict, l2_bytes: float | None = None) -> list[dict]:
+    """The cost model's launches of one call (a point with its recorded plan), as dicts with
+    ``model_`` columns and the expected ``kernel_name``."""
+    cost = cost_for_row(call, l2_bytes)
+    if cost is None:
+        raise ValueError(f"call: no cost model for kernel {call.get('kernel')!r}")
+    out = []
+    for part in cost.parts:
+        for _ in range(part.count):
+            out.append({"model_kernel": part.kernel, "model_flops_exec": part.flops_exec / part.count,
+                        "model_dram_read": part.dram_read / part.count,
+                        "model_dram_write": part.dram_write / part.count,
+                        "model_l2_read": part.l2_read / part.count, "model_l2_write": part.l2_write / part.count,
+                        "model_tensor": cost.compute == "tensor"})
+    return out
+
+
+def join_model(launches: pd.DataFrame, calls: list[dict], l2_bytes: float | None = None) -> pd.DataFrame:
+    """Assign profiled launches (in order) to the calls that made them and add the model's columns.
+
+    Parameters
+    ----------
+    launches : DataFrame
+        From :func:`read_raw_csv`.
+    calls : list of dict
+        The profiled calls in order: point columns plus the recorded plan (``calls.json``).
+    l2_bytes : float, optional
+        The device's L2 size for the model (default the H200's).
+
+    Returns
+    -------
+    DataFrame
+        One row per launch: ``call`` (index), ``launch`` (index within the call), the call's
+        columns, the counters and the ``model_*`` columns.
+
+    Raises
+    ------
+    ValueError
+        When the launches do not match the calls' modelled kernels in number or name.
+    """
+    rows, i = [], 0
+    launches = launches.reset_index(drop=True)
+    for c, call in enumerate(calls):
+        for j, model in enumerate(model_launches(call, l2_bytes)):
+            if i >= len(launches):
+                raise ValueError(f"launches: {len(launches)} profiled, but call {c} ({call.get('kernel')} "
+                                 f"{call.get('variant')}) expects more")
+            got = launches.iloc[i].to_dict()
+            if got["kernel_name"] != model["model_kernel"]:
+                raise ValueError(f"launches: launch {i} is {got['kernel_name']!r}, the model of call {c} "
+                                 f"({call.get('kernel')} {call.get('variant')}) expects {model['model_kernel']!r}")
+            rows.append({"call": c, "launch": j, **call, **got, **model})
+            i += 1
+    if i != len(launches):
+        raise ValueError(f"launches: {len(launches) - i} profiled launches left over after {len(calls)} calls")
+    return pd.DataFrame(rows)
+
+
+# Figure -> (counter expression, model expression) over a frame of launches.
+_FIGURES = {
+    "dram_bytes": (lambda d: d["dram_read"] + d["dram_write"], lambda d: d["model_dram_read"] + d["model_dram_write"]),
+    "dram_read": (lambda d: d["dram_read"], lambda d: d["model_dram_read"]),
+    "dram_write": (lambda d: d["dram_write"], lambda d: d["model_dram_write"]),
+    "l2_read": (lambda d: d["l2_read"], lambda d: d["model_l2_read"]),
+    "l2_write": (lambda d: d["l2_write"], lambda d: d["model_l2_write"]),
+    "tensor_flops": (lambda d: d["tensor_flops"], lambda d: d["model_flops_exec"].where(d["model_tensor"], 0.0)),
+}
+_LEVEL = {"dram_bytes": "DRAM", "dram_read": "DRAM", "dram_write": "DRAM", "l2_read": "L2", "l2_write": "L2",
+          "tensor_flops": "tensor"}
+POINT_COLUMNS = ("kernel", "variant", "batch", "q_len", "heads", "prefix", "budget", "depth", "topk", "splits",
+                 "layout", "impl")
+
+
+def compare(joined: pd.DataFrame, per_launch: bool = True) -> pd.DataFrame:
+    """Model against counters: one row per call (``launch`` = ``"all"``) and, with
+    ``per_launch``, per launch, for every figure of :data:`TOLERANCE`.
+
+    Columns: the point's columns, ``launch``, ``kernel_name``, ``figure``, ``level`` (DRAM, L2,
+    tensor), ``model``, ``counter``, ``ratio`` (counter / model), ``tolerance``, ``flag``
+    (``"over"``/``"under"`` when the counter exceeds / falls short of the model beyond the
+    tolerance and by more than :data:`SLACK_BYTES` for byte figures; ``""`` otherwise),
+    ``target`` (True for the flagged figures, :data:`FLAGGED`) and ``note`` (why, where the
+    counters themselves show it: DRAM reads beyond the SMs' own loads are instruction fetch).
+    """
+    need = {"call", "launch", "kernel_name", "dram_read", "dram_write", "model_dram_read"}
+    if not need <= set(joined.columns):
+        raise ValueError(f"joined: needs columns {sorted(need)} (join_model's output)")
+    keys = [c for c in POINT_COLUMNS if c in joined.columns]
+    groups = [("all", g) for _, g in joined.groupby("call", sort=True)]
+    if per_launch:
+        groups += [(int(r["launch"]), joined.loc[[i]]) for i, r in joined.iterrows()]
+    rows = []
+    for launch, g in groups:
+        first = g.iloc[0]
+        base = {k: first[k] for k in keys} | {"call": int(first["call"]), "launch": launch,
+                                               "kernel_name": "+".join(dict.fromkeys(g["kernel_name"])),
+                                               "duration_us": float(g["duration_us"].sum())
+                                               if "duration_us" in g else math.nan}
+        for fig, (meas, model) in _FIGURES.items():
+            if fig not in TOLERANCE or (fig == "tensor_flops" and "tensor_flops" not in g):
+                continue
+            m, c = float(model(g).sum()), float(meas(g).sum(min_count=1))
+            if fig == "tensor_flops" and m == 0 and not (c > 0):
+                continue                                    # no tensor work, none counted
+            ratio = c / m if m > 0 else (math.inf if c > 0 else 1.0)
+            tol = TOLERANCE[fig]
+            slack = 0.0 if fig == "tensor_flops" else SLACK_BYTES
+            flag = ""
+            if math.isnan(c):
+                flag = "missing"
+            elif abs(c - m) > max(tol * m, slack):
+                flag = "over" if c > m else "under"
+            note = ""
+            fetch = float((g["dram_read"] - g["l2_read"]).clip(lower=0).sum())
+            if flag == "over" and fig in ("dram_bytes", "dram_read") and fetch > max(tol * m, slack):
+                note = (f"{fetch / 1e3:.0f} KB more read from DRAM than the SMs' loads requested: instruction "
+                        f"and constant fetch after the cache flush (the model counts data)")
+            rows.append(base | {"figure": fig, "level": _LEVEL[fig], "model": m, "counter": c, "ratio": ratio,
+                                "tolerance": tol, "flag": flag, "target": fig in FLAGGED, "note": note})
+    return pd.DataFrame(rows)
+
+
+def roofline_points(joined: pd.DataFrame) -> pd.DataFrame:
+    """The hierarchical roofline from counters: per call and memory level (DRAM, L2), the
+    counted tensor FLOPs (useful FLOPs from the model where the kernel does no tensor work)
+    over the counted bytes at that level, and the achieved FLOP/s over the counted duration.
+
+    Returns tidy rows: the point's columns, ``level``, ``bytes``, ``flops``, ``intensity``
+    (FLOP/byte), ``achieved_tflops``, ``achieved_tbs``, ``duration_us``.
+    """
+    keys = [c for c in POINT_COLUMNS if c in joined.columns]
+    rows = []
+    for _, g in joined.groupby("call", sort=True):
+        first = g.iloc[0]
+        cost = cost_for_row(first.to_dict())
+        t = float(g["duration_us"].sum()) * 1e-6
+        counted = float(g["tensor_flops"].sum(min_count=1)) if "tensor_flops" in g else math.nan
+        flops = counted if counted > 0 else (cost.flops if cost is not None else 0.0)
+        for level, nbytes in (("DRAM", float((g["dram_read"] + g["dram_write"]).sum())),
+                              ("L2", float((g["l2_read"] + g["l2_write"]).sum()))):
+            rows.append({**{k: first[k] for k in keys}, "call": int(first["call"]), "level": level, "bytes": nbytes,
+                         "flops": flops, "intensity": flops / nbytes if nbytes else math.nan,
+                         "achieved_tflops": flops / t / 1e12 if t else math.nan,
+                         "achieved_tbs": nbytes / t / 1e12 if t else math.nan, "duration_us": t * 1e6})
+    return pd.DataFrame(rows)
+
+
+# ---- points and the profiled program ----
+
+def default_points(quick: bool = True) -> list[dict]:
+    """The profiled points: every verify variant at B=1, N=33, H=64, P=4096 (and N=257 unless
+    ``quick``), the tree build on both paths, accept and compaction at budget 64, batch 8."""
+    verify = [dict(kernel="verify_attention", variant=v, batch=1, q_len=n, heads=64, prefix=4096)
+              for n in ((33,) if quick else (33, 257)) for v in ("fused", "fused_mma", "cascade", "naive")]
+    tree = dict(batch=8, budget=64, depth=15, topk=64)
+    return verify + [dict(kernel="build_tree", variant=v, **tree) for v in ("parallel", "heap")] + [
+        dict(kernel=k, variant="gpu", **tree) for k in ("accept_tree", "compact_kv")]
+
+
+def _check_point(p: dict) -> dict:
+    k = kernel_name(str(p.get("kernel")))
+    allowed = {"verify_attention": ("fused", "fused_mma", "cascade", "naive"), "build_tree": ("parallel", "heap"),
+               "accept_tree": ("gpu",), "compact_kv": ("gpu",)}
+    if k not in allowed:
+        raise ValueError(f"points: kernel {p.get('kernel')!r} is not profiled; expected one of {sorted(allowed)}")
+    if p.get("variant") not in allowed[k]:
+        raise ValueError(f"points: {k} variant {p.get('variant')!r}; expected one of {allowed[k]}")
+    return dict(p, kernel=k)
+
+
+def _run_point(p: dict, gen) -> tuple[dict, callable]:
+    """Inputs, check and the call of one point; returns (the call's recorded row, the call)."""
+    import torch
+
+    import kdtree
+    from kdtree.bench import attention_sweep as att
+    from kdtree.bench import tree_bench
+    from kdtree.bench.models import launch_plan_columns
+    from kdtree.tree import _launch_build, accept_reference, build_tree_reference
+
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    if p["kernel"] == "verify_attention":
+        B, N, H, P = int(p["batch"]), int(p["q_len"]), int(p["heads"]), int(p["prefix"])
+        tree, pl, ((q, kv),) = att.make_sets(B, N, H, P, 1, dev, gen)
+        att.check(p["variant"], q, kv, pl, tree)
+        real = tree.depth[tree.depth >= 0]
+        row = p | {"tree_visible": float((real + 1).float().mean())} | launch_plan_columns(
+            p["variant"], batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms, impl=att.impl_of(p["variant"], dev))
+        return row, lambda: att.call(p["variant"], q, kv, pl, tree)
+    B, budget, depth = int(p["batch"]), int(p["budget"]), int(p["depth"])
+    k = int(p.get("topk") or budget)
+    lp, tok = tree_bench.draft_inputs(B, depth, k, dev)
+    path = torch.full((B,), -1, dtype=torch.int32, device=dev)
+    tree = _launch_build(lp, tok, budget, path=path, serial=p["variant"] == "heap")
+    ref = build_tree_reference(lp, tok, budget)
+    if not all(torch.equal(getattr(tree, f).cpu(), getattr(ref, f).cpu()) for f in ("tokens", "parents", "visibility")):
+        raise AssertionError(f"build_tree differs from the reference at {p}")
+    if p["kernel"] == "build_tree":
+        want = 3 if p["variant"] == "heap" else 0
+        if not bool((path == want).all()):
+            raise AssertionError(f"build_tree {p['variant']}: paths taken {path.tolist()}, wanted {want}")
+        serial = p["variant"] == "heap"
+        return dict(p, topk=k), lambda: _launch_build(lp, tok, budget, serial=serial)
+    target = tree_bench.agreeing_target(tree)
+    acc = kdtree.accept_tree(tree, target)
+    ref_acc = accept_reference(tree, target)
+    if not all(torch.equal(getattr(acc, f).cpu(), getattr(ref_acc, f).cpu()) for f in ("indices", "length", "bonus")):
+        raise AssertionError(f"accept_tree differs from the reference at {p}")
+    if p["kernel"] == "accept_tree":
+        return dict(p, topk=k), lambda: kdtree.accept_tree(tree, target)
+    prefix = torch.full((B,), tree_bench.PREFIX, dtype=torch.int64, device=dev)
+    kv = torch.randn(B, tree_bench.PREFIX + budget + 1, tree_bench.KV_DIM, device=dev).to(torch.bfloat16)
+    row = dict(p, topk=k, accepted=float(acc.length.float().mean()), moved=tree_bench.moved_rows(acc))
+    return row, lambda: kdtree.compact_kv(kv, prefix, acc, validate=False)
+
+
+def run_plan(plan_path: str | Path) -> Path:
+    """Run the points of ``plan_path`` (JSON: ``{"points": [...], "seed": int}``) as ncu's target:
+    each point's call once between cudaProfilerStart/Stop, after its check and a warm-up.
+    Writes ``calls.json`` (the recorded rows, in order) beside the plan and returns its path."""
+    import torch
+
+    plan = json.loads(Path(plan_path).read_text())
+    gen = torch.Generator().manual_seed(int(plan.get("seed", 0)))
+    calls = []
+    for p in map(_check_point, plan["points"]):
+        row, fn = _run_point(p, gen)
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        calls.append(row)
+        print(f"profiled {row['kernel']} {row['variant']}", flush=True)
+    out = Path(plan_path).with_name("calls.json")
+    out.write_text(json.dumps(calls, indent=1) + "\n")
+    return out
+
+
+def available_metrics(ncu: str) -> set[str]:
+    """Base names of the metrics this ncu offers on the first GPU (``ncu --query-metrics``)."""
+    text = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True, timeout=120).stdout
+    return {ln.split()[0] for ln in text.splitlines() if ln.strip() and re.match(r"^[a-z0-9_]+__", ln)}
+
+
+def profile(points=None, out_dir: str | Path = "results/counters", *, ncu: str | None = None,
+            timeout: float = 540.0, seed: int = 0) -> pd.DataFrame:
+    """Profile ``points`` under ncu and return the launches joined to the model (``join_model``).
+
+    Writes into ``out_dir``: ``plan.json``, ``calls.json``, ``counters.ncu-rep`` (the report),
+    ``counters_raw.csv`` (its raw page) and ``counters.{parquet,csv,meta.json}`` (the joined
+    table with the run's metadata).
+
+    Raises
+    ------
+    RuntimeError
+        Without a CUDA GPU or without ncu, or when ncu fails (its output is in the message).
+    """
+    import torch
+
+    from kdtree.bench.results import run_metadata, save_table
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("counters: no CUDA GPU here; Nsight Compute counters need the GPU host")
+    ncu = ncu or find_ncu()
+    if ncu is None:
+        raise RuntimeError("counters: Nsight Compute (ncu) not found on PATH or in /usr/local/cuda/bin")
+    points = [_check_point(p) for p in (points or default_points())]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = out / "plan.json"
+    plan.write_text(json.dumps({"points": points, "seed": seed}, indent=1) + "\n")
+    have = available_metrics(ncu)
+    metrics = [m for m in METRICS if m.split(".")[0] in have] or list(METRICS)
+    rep = out / "counters.ncu-rep"
+    import kdtree
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(kdtree.__file__).resolve().parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    cmd = [ncu, "--clock-control", "none", "--cache-control", "all", "--profile-from-start", "off",
+           "--target-processes", "all", "-k", KERNEL_FILTER, "--metrics", ",".join(metrics), "-f",
+           "-o", str(rep.with_suffix("")), sys.executable, "-m", "kdtree.bench.counters", str(plan)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if run.returncode != 0 or not rep.exists():
+        raise RuntimeError(f"counters: ncu failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+    raw = subprocess.run([ncu, "-i", str(rep), "--csv", "--page", "raw", "--print-units", "base"],
+                         capture_output=True, text=True, timeout=120)
+    if raw.returncode != 0:
+        raise RuntimeError(f"counters: ncu --import failed:\n{raw.stderr[-3000:]}")
+    (out / "counters_raw.csv").write_text(raw.stdout)
+    calls = json.loads((out / "calls.json").read_text())
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    joined = join_model(read_raw_csv(raw.stdout), calls, l2)
+    meta = run_metadata() | {"ncu": subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip()
+                             .splitlines()[-1], "ncu_options": "--clock-control none --cache-control all",
+                             "metrics": metrics}
+    save_table(joined, out / "counters", meta)
+    return joined
+
+
+def load_counters(path: str | Path) -> pd.DataFrame:
+    """A joined counters table written by :func:`profile` (``counters.parquet`` or its folder)."""
+    from kdtree.bench.results import load_table
+
+    path = Path(path)
+    return load_table(path / "counters" if path.is_dir() else path)
+
+
+if __name__ == "__main__":
+    run_plan(sys.argv[1])

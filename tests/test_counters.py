@@ -1,0 +1,131 @@
+"""The Nsight Compute counter path on CPU: the raw-CSV parser on a small committed H200 export
+(``tests/data/ncu_raw_h200.csv``, 12 launches of ``kdtree profile``'s default points, with the
+calls it recorded in ``ncu_calls_h200.json``), the join to the cost model, the comparison and
+its flags, the hierarchical roofline points, and the clear errors off a GPU host."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kdtree.bench import counters
+from kdtree.bench.counters import compare, join_model, read_raw_csv, roofline_points
+
+DATA = Path(__file__).parent / "data"
+H200_L2 = 60 << 20
+
+
+@pytest.fixture(scope="module")
+def launches():
+    return read_raw_csv(DATA / "ncu_raw_h200.csv")
+
+
+@pytest.fixture(scope="module")
+def calls():
+    return json.loads((DATA / "ncu_calls_h200.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def joined(launches, calls):
+    return join_model(launches, calls, H200_L2)
+
+
+def test_parser_reads_every_launch_in_base_units(launches):
+    assert len(launches) == 12 and list(launches["id"]) == list(range(12))
+    assert list(launches["kernel_name"][:4]) == ["verify_fused_wgmma", "verify_combine", "verify_fused",
+                                                 "verify_combine"]
+    first = launches.iloc[0]
+    assert first["duration_us"] == pytest.approx(54.848)               # 54,848 ns in the export
+    assert first["dram_read"] == 7_246_080 and first["dram_write"] == 106_752
+    assert first["l2_read"] == 1_695_857 * 32                          # sectors -> bytes
+    assert first["registers"] == 230 and first["smem_bytes"] == 231_168
+    assert 1000 < first["sm_clock_mhz"] < 2000                          # clocks left alone, sampled by ncu
+    assert 0 < first["occupancy_pct"] < 100
+
+
+def test_tensor_ops_count_flops(launches):
+    """On the mma.sync kernel the bf16 tensor-op count equals 4096 FLOPs per HMMA.16816."""
+    mma = launches[launches["kernel_name"] == "verify_fused"].iloc[0]
+    assert mma["tensor_flops"] == pytest.approx(mma["hmma_inst"] * counters.HMMA_FLOPS)
+    assert (launches.loc[launches["kernel_name"] == "verify_combine", "tensor_flops"] == 0).all()
+
+
+def test_parser_converts_units_and_rejects_other_text(tmp_path):
+    assert counters._to_base(5, "ns") == pytest.approx(5e-9)
+    assert counters._to_base(2, "Kbyte") == 2000 and counters._to_base(1.5, "Ghz") == 1.5e9
+    assert counters._to_base(2, "cycle/nsecond") == pytest.approx(2e9)
+    assert counters._to_base(7, "register/thread") == 7
+    with pytest.raises(ValueError, match="Kernel Name"):
+        read_raw_csv("==PROF== Connected to process\nsome text output\n")
+    # an export without the units row still parses (durations in ns)
+    lines = (DATA / "ncu_raw_h200.csv").read_text().splitlines()
+    no_units = read_raw_csv("\n".join([lines[0]] + lines[2:]))
+    assert no_units["duration_us"].iloc[0] == pytest.approx(54.848)
+    assert no_units["dram_read"].iloc[0] == 7_246_080
+
+
+def test_join_assigns_launches_to_calls_by_the_model(joined, calls):
+    assert len(joined) == 12 and joined["call"].nunique() == len(calls)
+    fused = joined[(joined["variant"] == "fused") & (joined["kernel"] == "verify_attention")]
+    assert list(fused["kernel_name"]) == ["verify_fused_wgmma", "verify_combine"]
+    casc = joined[joined["variant"] == "cascade"]
+    assert list(casc["launch"]) == [0, 1, 2] and list(casc["kernel_name"])[-1] == "verify_combine"
+
+
+def test_join_refuses_launches_that_do_not_match(launches, calls):
+    with pytest.raises(ValueError, match="expects 'verify_fused_wgmma'"):
+        join_model(launches.iloc[1:], calls, H200_L2)
+    with pytest.raises(ValueError, match="left over"):
+        join_model(launches, calls[:-1], H200_L2)
+    with pytest.raises(ValueError, match="expects more"):
+        join_model(launches.iloc[:-1], calls, H200_L2)
+
+
+def test_model_meets_the_h200_counters_on_verify_attention(joined):
+    """The targets on the committed export: DRAM bytes within 10%, tensor FLOPs within 5%."""
+    t = compare(joined, per_launch=False)
+    verify = t[t["kernel"] == "verify_attention"]
+    assert set(verify["variant"]) == {"fused", "fused_mma", "cascade", "naive"}
+    dram = verify[verify["figure"] == "dram_bytes"].set_index("variant")
+    assert (dram["flag"] == "").all() and dram["ratio"].between(0.9, 1.1).all()
+    flops = verify[verify["figure"] == "tensor_flops"].set_index("variant")
+    assert set(flops.index) == {"fused", "fused_mma", "cascade"}          # naive runs on the FMA units
+    assert (flops["flag"] == "").all() and flops["ratio"].between(0.95, 1.05).all()
+
+
+def test_flags_say_where_and_why_the_model_misses(joined):
+    t = compare(joined)
+    tree = t[(t["kernel"] == "build_tree") & (t["figure"] == "dram_bytes") & (t["launch"] == "all")]
+    assert (tree["flag"] == "over").all() and tree["note"].str.contains("instruction").all()
+    l2 = t[(t["variant"] == "naive") & (t["figure"] == "l2_read")].iloc[0]
+    assert l2["target"] == False and l2["level"] == "L2"  # noqa: E712
+    per = t[(t["variant"] == "fused") & (t["kernel"] == "verify_attention") & (t["launch"] != "all")]
+    assert set(per["kernel_name"]) == {"verify_fused_wgmma", "verify_combine"}
+    with pytest.raises(ValueError, match="join_model"):
+        compare(pd.DataFrame({"x": [1]}))
+
+
+def test_roofline_points_one_per_call_and_level(joined):
+    r = roofline_points(joined)
+    assert len(r) == 2 * joined["call"].nunique() and set(r["level"]) == {"DRAM", "L2"}
+    fused = r[(r["variant"] == "fused") & (r["kernel"] == "verify_attention")].set_index("level")
+    assert fused.loc["L2", "intensity"] < fused.loc["DRAM", "intensity"]     # more bytes reach the L2
+    assert fused.loc["DRAM", "achieved_tflops"] == pytest.approx(
+        fused.loc["DRAM", "flops"] / (fused.loc["DRAM", "duration_us"] * 1e-6) / 1e12)
+
+
+def test_points_are_checked_and_profile_needs_a_gpu(tmp_path):
+    pts = counters.default_points()
+    assert {p["kernel"] for p in pts} == {"verify_attention", "build_tree", "accept_tree", "compact_kv"}
+    assert {p["variant"] for p in pts if p["kernel"] == "build_tree"} == {"parallel", "heap"}
+    with pytest.raises(ValueError, match="variant"):
+        counters._check_point({"kernel": "build_tree", "variant": "quantum"})
+    with pytest.raises(ValueError, match="not profiled"):
+        counters._check_point({"kernel": "matmul", "variant": "x"})
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA GPU"):
+            counters.profile(pts, tmp_path)

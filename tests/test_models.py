@@ -1,0 +1,283 @@
+"""The cost model (kdtree.bench.models) and the roofline classification (kdtree.bench.roofline)
+on CPU: FLOPs, bytes per memory level and launches as the code's launch plan moves them."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from kdtree.attention import launch_plan
+from kdtree.bench import models, roofline
+from kdtree.bench.ceilings import Ceilings
+from kdtree.bench.models import ATTN_FLOPS_PER_TOKEN as F, KV_ROW_BYTES as ROW
+
+# An H200-like set of ceilings (numbers of the order measured there; the tests need no GPU).
+H200 = Ceilings(device="NVIDIA H200", kind="gpu", hbm_bw=4.1e12, l2_bw=7.5e12, tensor_flops=770e12,
+                fp32_flops=50e12, launch_eager_us=14.0, launch_graph_us=0.9, l2_bytes=60 << 20,
+                eager_floor_us={"verify_attention": 190.0, "build_tree": 108.0})
+
+
+def _plan(variant, B, N, H, P, impl="wgmma"):
+    return launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132, impl=impl)
+
+
+# ---- verify attention ----
+
+def test_useful_flops_and_minimum_bytes_follow_the_mla_model():
+    c = models.verify_attention_cost("fused", batch=2, nodes=9, heads=16, prefix=100, tree_visible=3.0)
+    rows = 2 * 9 * 16
+    assert c.flops == rows * (100 + 3) * F
+    assert c.bytes_min == rows * 576 * 2 + rows * (512 * 2 + 4) + 2 * (100 + 9) * ROW + 2 * 9 * 1 * 8
+
+
+@pytest.mark.parametrize("B,N,H,P", [(1, 33, 64, 4096), (1, 257, 64, 4096), (16, 65, 64, 4096), (4, 9, 8, 100)])
+def test_fused_follows_the_launch_plan(B, N, H, P):
+    plan = _plan("fused", B, N, H, P)
+    c = models.verify_attention_cost("fused", batch=B, nodes=N, heads=H, prefix=P)
+    assert c.launches == plan.launches and len(c.parts) == plan.launches
+    tiles = math.ceil(N * H / plan.tile_rows)
+    # executed FLOPs: every row tile (padding rows included) over every 64-row KV tile
+    assert c.flops_exec == pytest.approx(B * tiles * plan.tile_rows * math.ceil((P + N) / 64) * 64 * F)
+    assert c.flops_exec >= c.flops
+    rows = B * N * H
+    partials = plan.partial_slots * rows * (512 * 4 + 4)
+    q, kv = rows * 576 * 2, B * (P + N) * ROW
+    main = c.parts[0]
+    assert main.l2_read == pytest.approx(q + B * tiles * (P + N) * ROW + B * N * math.ceil(N / 64) * 8)
+    if plan.partial_slots:       # split: the partials are written, then read back by the combine
+        assert main.l2_write == partials and c.parts[1].kernel == "verify_combine"
+        assert c.parts[1].dram_read == partials and c.parts[1].carried == partials
+        assert c.dram_read == pytest.approx(q + kv + B * N * math.ceil(N / 64) * 8 + partials)
+        assert c.hbm_bytes == pytest.approx(c.dram_bytes - partials)     # they stay in the L2 of a real call
+    else:
+        assert main.l2_write == rows * (512 * 2 + 4) and c.hbm_bytes == c.dram_bytes
+
+
+def test_b1_n33_p4096_fused_moves_its_partials_through_dram_under_a_flush():
+    # 4 splits: 17.3 MB of fp32 partials written and read back beside a 9.4 MB minimum; the
+    # H200's counters read 24.6 MB from DRAM (tests/test_counters.py checks the export).
+    c = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    assert c.launches == 2 and c.dram_read == pytest.approx(24.5e6, rel=0.01)
+    assert c.bytes_min == pytest.approx(9.36e6, rel=0.01) and "4 KV splits" in c.note
+
+
+def test_cascade_writes_one_partial_set_per_split_plus_the_tree_pass():
+    plan = _plan("cascade", 1, 33, 64, 4096)
+    c = models.verify_attention_cost("cascade", batch=1, nodes=33, heads=64, prefix=4096)
+    assert c.launches == 3 == plan.launches
+    rows = 33 * 64
+    assert c.parts[0].l2_write == plan.splits * rows * (512 * 4 + 4)
+    assert c.parts[1].l2_write == rows * (512 * 4 + 4)
+    assert c.parts[2].dram_read == plan.partial_slots * rows * (512 * 4 + 4) and plan.partial_slots == plan.splits + 1
+    assert f"{plan.partial_slots} fp32 partial sets" in c.note
+
+
+def test_recorded_splits_and_impl_fix_the_plan():
+    free = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    one = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096, splits=1)
+    assert free.launches == 2 and one.launches == 1 and one.dram_read < free.dram_read
+    mma = models.verify_attention_cost("fused_mma", batch=1, nodes=33, heads=64, prefix=4096)
+    assert mma.parts[0].kernel == "verify_fused" and free.parts[0].kernel == "verify_fused_wgmma"
+    row = {"kernel": "verify_attention", "variant": "fused", "q_len": 33, "batch": 1, "heads": 64, "prefix": 4096,
+           "splits": 1, "impl": "mma", "layout": "rows_m"}
+    c = models.cost_for_row(row)
+    assert c.launches == 1 and c.parts[0].kernel == "verify_fused"
+    cols = models.launch_plan_columns("fused", batch=1, nodes=33, heads=64, kv_rows=4129)
+    assert cols == {"splits": _plan("fused", 1, 33, 64, 4096).splits, "layout": _plan("fused", 1, 33, 64, 4096).layout,
+                    "impl": "wgmma"}
+
+
+def test_naive_rereads_the_latent_per_head_and_query_but_dram_sees_it_once():
+    fused = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
+    assert naive.flops == fused.flops and naive.compute == "fp32" and naive.launches == 1
+    visible = 4096 + 17
+    reread = 33 * 64 * visible * ROW
+    assert naive.l2_read == pytest.approx(33 * 64 * 576 * 2 + 33 * 8 + reread / models.NAIVE_RESIDENT)
+    assert naive.dram_read == pytest.approx(naive.bytes_min - 33 * 64 * (512 * 2 + 4))   # every input once
+    assert naive.reread > 100 and "re-reads the latent" in naive.note
+
+
+def test_outputs_stay_in_the_l2_unless_the_footprint_overflows_it():
+    small = models.verify_attention_cost("fused", batch=1, nodes=257, heads=64, prefix=4096)
+    assert small.dram_write == 0
+    big = models.verify_attention_cost("fused", batch=16, nodes=257, heads=64, prefix=4096)
+    written = 16 * 257 * 64 * (512 * 2 + 4)
+    assert 0 < big.dram_write <= written
+    tiny_l2 = models.verify_attention_cost("fused", batch=1, nodes=257, heads=64, prefix=4096, l2_bytes=1 << 20)
+    assert tiny_l2.dram_write == pytest.approx(257 * 64 * (512 * 2 + 4))
+
+
+def test_unknown_variant_gets_the_minimum_and_says_so():
+    c = models.verify_attention_cost("shiny", batch=1, nodes=5, heads=8, prefix=10)
+    assert c.bytes_moved == c.bytes_min and "no byte model" in c.note
+
+
+@pytest.mark.parametrize("kw", [dict(batch=-1), dict(nodes=0), dict(prefix=float("nan")), dict(tree_visible=99),
+                                dict(batch=True)])
+def test_bad_shapes_raise(kw):
+    args = dict(batch=1, nodes=9, heads=8, prefix=10) | kw
+    with pytest.raises(ValueError):
+        models.verify_attention_cost("fused", **args)
+
+
+# ---- tree kernels ----
+
+def test_tree_kernels_read_what_the_code_reads():
+    b = models.build_tree_cost("parallel", batch=8, budget=64, depth=15, topk=64)
+    assert b.parts[0].kernel == "build_tree" and b.flops == 0 and "parallel" in b.note
+    assert b.dram_read >= 8 * 15 * 64 * 4          # the whole log-prob block goes to shared memory
+    assert b.l2_write == 8 * (65 * 12 + 4 + 65 * 2 * 8)
+    assert "heap" in models.build_tree_cost("heap", batch=1, budget=64, depth=15).note
+    c = models.compact_kv_cost("gpu", batch=8, depth=15, accepted=5.0, moved=3.5)
+    assert c.l2_write == 8 * 3.5 * ROW and c.dram_write == 0
+    assert models.compact_kv_cost("gpu", batch=1, depth=15).l2_write == 15 * ROW     # all but the root move
+    both = models.accept_compact_cost("gpu", batch=8, budget=64, depth=15)
+    assert both.launches == 2 and [p.kernel for p in both.parts] == ["accept_tree", "compact_kv"]
+
+
+def test_cost_for_row_maps_bench_columns():
+    c = models.cost_for_row({"kernel": "build", "variant": "gpu_heap", "budget": 64, "batch": 8, "depth": 15,
+                             "topk": 64})
+    assert c.flops == 0 and c.bytes_min > 0 and "heap" in c.note
+    v = models.cost_for_row({"kernel": "verify_attention", "variant": "fused", "budget": 32, "batch": 1,
+                             "heads": 8, "prefix": 10})
+    assert v.flops == models.verify_attention_cost("fused", batch=1, nodes=33, heads=8, prefix=10).flops
+    assert models.cost_for_row({"kernel": "other"}) is None
+    with pytest.raises(ValueError, match="heads"):
+        models.cost_for_row({"kernel": "verify_attention", "variant": "fused", "q_len": 9, "batch": 1, "prefix": 1})
+    naive = models.cost_for_row({"kernel": "verify_attention", "variant": "naive", "q_len": 9, "batch": 1,
+                                 "heads": 8, "prefix": 1, "impl": "naive", "splits": 1})
+    assert naive.launches == 1
+    assert set(models.COLUMNS) == set(v.columns())
+
+
+# ---- roofline ----
+
+def test_naive_is_l2_bound_far_below_the_tensor_core_roof():
+    cost = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
+    t_l2 = cost.l2_bytes / H200.l2_bw * 1e6
+    r = roofline.classify_point(cost, H200, 2 * t_l2, "graph", "cold", "naive", "verify_attention")
+    assert r["bound"] == "l2" and r["fraction"] == pytest.approx(0.5)
+    assert r["ideal_roof"] == "tensor" and r["gap_to_ideal"] > 20
+    assert r["diagnosis"].startswith("naive: re-reads the latent per head")
+    assert "L2-bound at 50% of the L2 roof" in r["diagnosis"] and "x below the tensor-core roof" in r["diagnosis"]
+
+
+def test_roofs_use_hbm_bytes_l2_bytes_and_executed_flops():
+    c = models.verify_attention_cost("fused", batch=16, nodes=257, heads=64, prefix=16384)
+    t = roofline.roof_times(c, H200, "graph", "cold")
+    assert t["hbm"] == pytest.approx(c.hbm_bytes / H200.hbm_bw * 1e6)
+    assert t["l2"] == pytest.approx(c.l2_bytes / H200.l2_bw * 1e6)
+    assert t["tensor"] == pytest.approx(c.flops_exec / H200.tensor_flops * 1e6)
+    assert t["launch"] == pytest.approx(c.launches * H200.launch_graph_us)
+    r = roofline.classify_point(c, H200, t["tensor"] / 0.4, "graph", "cold", "fused", "verify_attention")
+    assert r["bound"] == "tensor" and r["fraction"] == pytest.approx(0.4)
+
+
+def test_eager_points_get_the_host_floor_not_a_device_roof():
+    small = models.verify_attention_cost("fused", batch=1, nodes=2, heads=8, prefix=1)
+    r = roofline.classify_point(small, H200, 380.0, "eager", "warm", "fused", "verify_attention")
+    assert r["bound"] == "host" and r["fraction"] == pytest.approx(0.5) and math.isnan(r["ideal_us"])
+    assert "host floor of 190 us" in r["diagnosis"] and "2.0x the floor" in r["diagnosis"]
+    casc = models.verify_attention_cost("cascade", batch=1, nodes=33, heads=64, prefix=4096)
+    assert H200.eager_floor("verify_attention", casc.launches) == pytest.approx(190.0 + 2 * 14.0)
+    assert H200.eager_floor("compact_kv", 1) == 14.0                # not measured: one bare eager launch
+    g = roofline.classify_point(small, H200, 1.2 * small.launches, "graph", "warm", "fused", "verify_attention")
+    assert g["bound"] == "launch" and "launch-bound" in g["diagnosis"]
+
+
+def test_warm_l2_removes_the_hbm_roof_only_when_the_data_fits():
+    fits = models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=1024)
+    assert roofline.roof_times(fits, H200, "graph", "warm")["hbm"] == 0
+    assert roofline.roof_times(fits, H200, "graph", "cold")["hbm"] > 0
+    huge = models.verify_attention_cost("fused", batch=64, nodes=9, heads=8, prefix=65536)
+    assert roofline.roof_times(huge, H200, "graph", "warm")["hbm"] > 0
+
+
+def test_serial_kernel_far_above_its_roofs_is_latency_bound():
+    cost = models.build_tree_cost("gpu", batch=1, budget=64, depth=15)
+    r = roofline.classify_point(cost, H200, 200.0, "graph", "warm", "gpu", "build")
+    assert r["bound"] == "latency" and "latency-bound" in r["diagnosis"]
+    assert r["ideal_roof"] == "launch" and r["diagnosis"].endswith("222x the one-launch floor")
+
+
+def test_host_rows_against_gpu_ceilings_get_no_roof():
+    cost = models.build_tree_cost("cpu_paper", batch=1, budget=64, depth=15)
+    r = roofline.classify_point(cost, H200, 900.0, "host", "n/a", "cpu_paper", "build")
+    assert r["bound"] == "host" and math.isnan(r["fraction"])
+
+
+def test_classify_adds_columns_and_leaves_unmodelled_rows_empty():
+    df = pd.DataFrame([{"kernel": "verify_attention", "variant": "naive", "q_len": 33, "prefix": 4096, "batch": 1,
+                        "heads": 64, "mode": "graph", "l2": "cold", "median_us": 1500.0},
+                       {"kernel": "build", "variant": "gpu", "budget": 64, "batch": 1, "mode": "eager", "l2": "warm",
+                        "median_us": 216.0},
+                       {"kernel": "mystery", "variant": "x", "mode": "graph", "l2": "cold", "median_us": 5.0}])
+    out = roofline.classify(df, H200)
+    assert set(roofline.COLUMNS) <= set(out.columns) and len(out) == 3
+    assert out.loc[0, "bound"] == "l2" and out.loc[0, "fraction"] < 1
+    assert out.loc[1, "bound"] == "host" and out.loc[1, "fraction"] == pytest.approx(0.5)
+    assert pd.isna(out.loc[2, "bound"])
+    with pytest.raises(ValueError, match="median_us"):
+        roofline.classify(df.drop(columns=["median_us"]), H200)
+
+
+def test_bad_timing_mode_and_l2_state_raise():
+    cost = models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=10)
+    with pytest.raises(ValueError, match="mode"):
+        roofline.roof_times(cost, H200, "turbo", "cold")
+    with pytest.raises(ValueError, match="l2"):
+        roofline.roof_times(cost, H200, "graph", "lukewarm")
+
+
+def test_ideal_roof_is_the_fastest_compute_unit():
+    cpu = Ceilings(device="CPU (test)", kind="cpu", hbm_bw=1e10, l2_bw=5e10, tensor_flops=1e9, fp32_flops=8e10,
+                   launch_eager_us=7.0, launch_graph_us=float("nan"))
+    cost = models.verify_attention_cost("torch", batch=1, nodes=33, heads=8, prefix=4096)
+    t, roof = roofline.ideal_time(cost, cpu, "host")
+    assert roof == "fp32" and t == pytest.approx(cost.flops / 8e10 * 1e6)
+    assert roofline.ideal_time(cost, H200, "graph")[1] == "tensor"
+    lines = roofline.roof_lines(cpu)
+    assert lines[lines.roof == "hbm"]["flops"].max() == pytest.approx(8e10)
+
+
+# ---- the benchmark path ----
+
+def test_variants_are_found_by_name_at_run_time(monkeypatch):
+    from kdtree import attention
+    from kdtree.bench import attention_sweep
+    from kdtree.bench.attention_sweep import runnable_variants
+
+    assert runnable_variants(torch.device("cpu")) == ["torch"]
+    monkeypatch.setattr(attention, "VARIANTS", (*attention.VARIANTS, "shiny"))
+    monkeypatch.setattr(attention_sweep, "VARIANTS", (*attention_sweep.VARIANTS, "bench_only"))
+    on_gpu = runnable_variants(torch.device("cuda"))
+    assert {"shiny", "bench_only", "fused_mma", *attention.CUDA_VARIANTS} <= set(on_gpu)
+    assert "shiny" in runnable_variants(torch.device("cpu"))      # not declared CUDA-only
+    with pytest.raises(ValueError, match="bogus"):
+        runnable_variants(torch.device("cpu"), ["bogus"])
+
+
+def test_the_time_budget_comes_from_the_model():
+    from kdtree.bench.attention_sweep import predicted_seconds
+
+    naive = models.verify_attention_cost("naive", batch=16, nodes=257, heads=64, prefix=16384)
+    floor = max(roofline.roof_times(naive, H200, "graph", "cold").values())
+    assert predicted_seconds(floor, 24, quick=True) > 20        # skipped under the default budget
+    fused = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    floor = max(roofline.roof_times(fused, H200, "graph", "cold").values())
+    assert predicted_seconds(floor, 24, quick=True) < 1
+    assert predicted_seconds(2 * floor, 24, quick=False) > predicted_seconds(floor, 24, quick=False)
+
+
+def test_the_cpu_sweep_records_the_plan_and_the_clocks():
+    from kdtree.bench.attention_sweep import run_attention_sweep
+
+    df = run_attention_sweep([5], [16], [1], [8], quick=True, progress=False)
+    assert set(df["variant"]) == {"torch"}
+    assert {"splits", "layout", "impl", "sm_clock_mhz", "mem_clock_mhz"} <= set(df.columns)
+    with pytest.raises(ValueError, match="budget_s"):
+        run_attention_sweep([5], [16], [1], [8], budget_s=0)
