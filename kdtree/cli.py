@@ -6,6 +6,7 @@
     kdtree report <run-id> [--png]                                   reports/<run-id>/index.html
     kdtree compare <run-a> <run-b>                                   regression report of two runs
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
+    kdtree profile [--out DIR] [--points FILE.json] [--full]         kernels under Nsight Compute vs the cost model
 """
 from __future__ import annotations
 
@@ -73,6 +74,28 @@ def _compare(args) -> int:
     return 0
 
 
+def _profile(args) -> int:
+    import json
+
+    import pandas as pd
+
+    from kdtree.bench.counters import compare, default_points, profile
+
+    points = json.loads(open(args.points).read()) if args.points else default_points(quick=not args.full)
+    try:
+        joined = profile(points, args.out)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    table = compare(joined, per_launch=False)
+    cols = ["kernel", "variant", "q_len", "budget", "splits", "figure", "model", "counter", "ratio", "flag"]
+    with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+        print(table[[c for c in cols if c in table.columns]].to_string(index=False))
+    flagged = table[table["target"] & (table["flag"] != "")]
+    print(f"{args.out}: {len(joined)} launches; {len(flagged)} target figure(s) beyond tolerance")
+    return 0
+
+
 def _wheelhouse(args) -> int:
     from kdtree.bench.wheelhouse import STACK, build_wheelhouse
 
@@ -127,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--runs", default="parameterized_runs", help="where run directories live")
     c.add_argument("--reports", default="reports", help="reports folder (default reports/)")
     c.set_defaults(func=_compare)
+
+    pr = sub.add_parser("profile", help="every kernel under Nsight Compute, joined to the cost model (GPU host)")
+    pr.add_argument("--out", default="results/counters", help="folder for the report, raw CSV and table")
+    pr.add_argument("--points", default=None, help="JSON list of points (default: kdtree.bench.counters.default_points)")
+    pr.add_argument("--full", action="store_true", help="the larger default point set (N=257 too)")
+    pr.set_defaults(func=_profile)
 
     w = sub.add_parser("wheelhouse", help="download wheels of the notebook stack for an offline GPU host")
     w.add_argument("--dest", default=".whl", help="folder for the wheels (default .whl, git-ignored)")
