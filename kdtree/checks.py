@@ -6,6 +6,14 @@ import torch
 INT32_MAX = 2**31 - 1
 
 
+class UserError(Exception):
+    """A request that cannot be carried out as asked (a bad argument, a missing or locked run).
+
+    The ``kdtree`` command prints the message of a UserError, like that of a ValueError or
+    TypeError, as one line and exits with status 2; a library caller catches it like any error.
+    """
+
+
 def need(cond: bool, exc: type, msg: str) -> None:
     """Raise ``exc(msg)`` unless ``cond``."""
     if not cond:

@@ -7,15 +7,45 @@
     kdtree compare <run-a> <run-b>                                   regression report of two runs
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
     kdtree profile [--out DIR] [--points FILE.json] [--full]         kernels under Nsight Compute vs the cost model
+
+A mistake in what was asked (a bad argument or file, a missing run) prints one line
+"kdtree: error: ..." and exits with status 2; --debug (anywhere on the line) adds the traceback.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import traceback
+
+from kdtree.checks import UserError
+from kdtree.tree import MAX_BUDGET, MAX_DEPTH
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+def _ints(low: int, high: int | None = None):
+    """An argparse type: comma-separated integers, each in ``low..high``."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        bad = [v for v in values if v < low or (high is not None and v > high)]
+        if not values or bad:
+            span = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"each value must be an integer {span}, got {text!r}")
+        return values
+    return parse
+
+
+def _depth(text: str) -> int:
+    """An argparse type: the draft depth, 1..MAX_DEPTH."""
+    try:
+        depth = int(text)
+    except ValueError:
+        depth = None
+    if depth is None or not 1 <= depth <= MAX_DEPTH:
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_DEPTH}, got {text!r}")
+    return depth
 
 
 def _bench_tree(args) -> int:
@@ -27,10 +57,13 @@ def _bench_tree(args) -> int:
 
 
 def _run_dir(text: str, root: str) -> str:
+    """The run folder ``text`` names: a directory, or a run id under ``root``."""
     from pathlib import Path
 
-    p = Path(text)
-    return str(p if p.is_dir() else Path(root) / text)
+    for p in (Path(text), Path(root) / text):
+        if p.is_dir():
+            return str(p)
+    raise UserError(f"run {text!r}: no such run directory (looked for {text} and {Path(root) / text})")
 
 
 def _sweep(args) -> int:
@@ -54,9 +87,14 @@ def _sweep(args) -> int:
 
 
 def _report(args) -> int:
+    from pathlib import Path
+
     from kdtree.bench.report import render_run
 
     run_dir = _run_dir(args.run, args.runs)
+    if not (Path(run_dir) / "ceilings.json").exists():
+        raise UserError(f"run {Path(run_dir).name} ({run_dir}) has no ceilings.json: its ceilings notebook "
+                        "has not finished; resume the sweep to measure them")
     index = render_run(run_dir, args.reports)
     print(index)
     if args.png:
@@ -105,17 +143,28 @@ def _wheelhouse(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are UserErrors (one line, exit 2) and whose help is plain text."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return re.sub(r"``(.+?)``|:\w+:`~?(.+?)`", lambda m: m.group(1) or m.group(2), text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kdtree", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="kdtree", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (accepted anywhere)")
     sub = p.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="run a benchmark and print its table")
     bsub = bench.add_subparsers(dest="what", required=True)
     t = bsub.add_parser("tree", help="GPU tree build against the CPU paths; accept and compaction")
-    t.add_argument("--budgets", type=_ints, default=None,
-                   help="comma-separated budgets (default 16..1024 on GPU, fewer on CPU)")
-    t.add_argument("--batches", type=_ints, default=None, help="comma-separated batch sizes")
-    t.add_argument("--depth", type=int, default=15, help="draft depth L (default 15)")
+    t.add_argument("--budgets", type=_ints(1, MAX_BUDGET), default=None,
+                   help=f"comma-separated budgets, each 1..{MAX_BUDGET} (default 16..1024 on GPU, fewer on CPU)")
+    t.add_argument("--batches", type=_ints(1), default=None, help="comma-separated batch sizes, each >= 1")
+    t.add_argument("--depth", type=_depth, default=15, help=f"draft depth L, 1..{MAX_DEPTH} (default 15)")
     t.add_argument("--out", default="results/tree_bench", help="table path without suffix")
     t.add_argument("--quick", action="store_true", help="fewer repetitions")
     t.set_defaults(func=_bench_tree)
@@ -166,9 +215,42 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What counts as a user error: a mistake in the request, the files or the environment named."""
+    import yaml
+
+    return (UserError, ValueError, TypeError, KeyError, FileNotFoundError, FileExistsError, IsADirectoryError,
+            NotADirectoryError, PermissionError, ConnectionError, yaml.YAMLError)
+
+
+def _one_line(e: BaseException) -> str:
+    """The error's message on one line, with the file position of a YAML error."""
+    import yaml
+
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        m = e.problem_mark
+        text = f"{m.name}, line {m.line + 1}, column {m.column + 1}: {e.context + ': ' if e.context else ''}{e.problem}"
+    elif isinstance(e, OSError) and e.filename is not None and e.strerror:
+        text = f"{e.filename}: {e.strerror}"
+    elif isinstance(e, KeyError) and e.args:
+        text = f"key {e.args[0]!r} not found"
+    else:
+        text = str(e)
+    return " ".join(text.split()) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Run the command; a user error prints ``kdtree: error: ...`` and returns 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args([a for a in argv if a != "--debug"])
+        return args.func(args)
+    except _user_errors() as e:
+        if debug:
+            traceback.print_exc()
+        print(f"kdtree: error: {_one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
