@@ -182,13 +182,38 @@ class SwiGLU(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float8 e4m3 with one float32 scale per row: ``x ~= q.float() * scale[..., None]``.
+
+    Returns ``q`` (float8_e4m3fn, x's shape) and ``scale`` (float32, x's shape without the last
+    dim), the scale being the row's largest magnitude over 448 (e4m3's largest finite value).
+    """
+    scale = x.float().abs().amax(-1).clamp_min(1e-12) / FP8_MAX
+    return (x.float() / scale[..., None]).to(FP8), scale
+
+
+def grouped_linear(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor,
+                   scale: torch.Tensor | None = None) -> torch.Tensor:
     """Rows ``offs[e-1]:offs[e]`` of x [T, in] times expert e's weight w [E, out, in], transposed.
 
+    Rows past ``offs[-1]`` belong to no expert; their output is undefined (callers mask them).
     ``torch._grouped_mm`` (static shapes, no host sync: graph-capturable) runs on CPU and on
     bf16 CUDA tensors; other CUDA dtypes take a masked loop over the experts (every row through
-    every expert, the same result at E times the FLOPs).
+    every expert, the same result at E times the FLOPs). With ``scale`` [E, out] float32, w is
+    float8 e4m3 with per-output-channel scales: x is quantized per row and the product runs in
+    ``torch._scaled_grouped_mm`` on CUDA (bf16 out), and on CPU as the float32 product of the
+    dequantized operands (the reference the CUDA path is tested against).
     """
+    if scale is not None:
+        xq, xs = quantize_rows(x)
+        if x.is_cuda:
+            return torch._scaled_grouped_mm(xq, w.transpose(-2, -1), xs, scale, offs=offs, out_dtype=x.dtype)
+        wd = w.float() * scale[..., None]
+        return torch._grouped_mm(xq.float() * xs[:, None], wd.transpose(-2, -1), offs=offs).to(x.dtype)
     if x.device.type == "cpu" or x.dtype == torch.bfloat16:
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
     row = torch.arange(x.shape[0], device=x.device)[:, None]
@@ -212,37 +237,66 @@ class MoE(nn.Module):
     run on an H200 parting from greedy decoding at a top-2 logit gap seven times the rounding
     noise. In float32 (PyTorch's default keeps TF32 off for float32 matmuls) the scores differ
     between paths only as much as the bf16 input x does. The gate is E x dim: a negligible matmul.
+
+    Expert parallelism (``cfg.expert_parallel`` > 1), as one EP rank runs it: the router scores
+    all ``n_routed_experts`` and picks each token's top-k among them; this module holds only the
+    first ``n_local_experts`` (rank 0's) and computes only the (token, slot) pairs routed to
+    them. The other slots sort after the local ones, outside every group of the grouped GEMM,
+    and contribute zero here: on a real deployment the other ranks compute them and the
+    combine (an all-reduce or all-to-all, not run here) sums them in. With
+    ``expert_parallel=1`` this is the whole MoE. Static shapes throughout (graph-capturable).
+
+    With ``cfg.expert_fp8`` the routed experts are float8 e4m3 with per-output-channel float32
+    scales (``w1_scale`` and so on); see ``grouped_linear``.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.k, self.scale = cfg.n_active_experts, cfg.routed_scale
-        E, d, h = cfg.n_routed_experts, cfg.dim, cfg.moe_inter_dim
-        self.gate = nn.Linear(d, E, bias=False)  # float32 in every model (build_model)
+        E, d, h = cfg.n_local_experts, cfg.dim, cfg.moe_inter_dim
+        self.gate = nn.Linear(d, cfg.n_routed_experts, bias=False)  # float32 in every model (build_model)
         self.w1, self.w3 = nn.Parameter(torch.empty(E, h, d)), nn.Parameter(torch.empty(E, h, d))
         self.w2 = nn.Parameter(torch.empty(E, d, h))
-        self.shared = SwiGLU(d, h * cfg.n_shared_experts) if cfg.n_shared_experts else None
+        self.fp8 = cfg.expert_fp8
+        if self.fp8:
+            self.w1_scale, self.w3_scale = nn.Parameter(torch.empty(E, h)), nn.Parameter(torch.empty(E, h))
+            self.w2_scale = nn.Parameter(torch.empty(E, d))
+        self.shared = SwiGLU(d, cfg.shared_dim) if cfg.shared_dim else None
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """Routing scores, float32 [T, E]: sigmoid of the float32 gate over x [T, dim] in float32."""
         return torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
 
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k routing of x [T, dim]: renormalised, scaled weights (float32) and global expert ids [T, k]."""
+        weight, expert = self.scores(x).topk(self.k, dim=-1)
+        return weight / weight.sum(-1, keepdim=True) * self.scale, expert
+
+    def experts(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum [T, dim] over the slots this GPU holds (expert id < E_local).
+
+        Permutes the (token, slot) pairs by expert (local ones first), runs the three grouped
+        GEMMs, weights each slot and sums each token's slots back in token order.
+        """
+        T, E = x.shape[0], self.w1.shape[0]
+        flat = expert.flatten()
+        local = flat < E
+        key = torch.where(local, flat, E)                     # other ranks' slots sort last
+        order = key.argsort(stable=True)
+        counts = (key[:, None] == torch.arange(E, device=x.device)).sum(0)
+        offs = counts.cumsum(0).to(torch.int32)
+        xs = x[order // self.k]
+        s1, s3, s2 = (self.w1_scale, self.w3_scale, self.w2_scale) if self.fp8 else (None, None, None)
+        h = F.silu(grouped_linear(xs, self.w1, offs, s1)) * grouped_linear(xs, self.w3, offs, s3)
+        ys = grouped_linear(h, self.w2, offs, s2) * weight.flatten()[order, None].to(x.dtype)
+        ys = torch.where(local[order, None], ys, 0)           # rows past offs[-1] are undefined
+        # Un-sort and sum each token's k slots: deterministic, unlike an atomic index_add.
+        return torch.empty_like(ys).index_copy_(0, order, ys).view(T, self.k, -1).sum(1)
+
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        T, E = x.shape[0], self.w1.shape[0]
-        weight, expert = self.scores(x).topk(self.k, dim=-1)
-        weight = weight / weight.sum(-1, keepdim=True) * self.scale
-        # Sort the (token, slot) pairs by expert so each expert sees one contiguous run of rows.
-        flat = expert.flatten()
-        order = flat.argsort(stable=True)
-        counts = (flat[:, None] == torch.arange(E, device=x.device)).sum(0)
-        offs = counts.cumsum(0).to(torch.int32)
-        xs = x[order // self.k]
-        h = F.silu(grouped_linear(xs, self.w1, offs)) * grouped_linear(xs, self.w3, offs)
-        ys = grouped_linear(h, self.w2, offs) * weight.flatten()[order, None].to(x.dtype)
-        # Un-sort and sum each token's k slots: deterministic, unlike an atomic index_add.
-        y = torch.empty_like(ys).index_copy_(0, order, ys).view(T, self.k, -1).sum(1)
+        y = self.experts(x, *self.route(x))
         if self.shared is not None:
             y = y + self.shared(x)
         return y.view(shape)
@@ -307,26 +361,40 @@ def build_model(cfg: ModelConfig, seed: int = 0, device="cpu",
     -------
     Transformer
         In eval mode without gradients, every weight in ``dtype`` except the MoE routers'
-        ``gate.weight``, which stays float32 (see ``MoE``). Linear and expert weights are
-        N(0, 1 / fan_in), so activations and logits stay O(1) at any width; embeddings
+        ``gate.weight``, which stays float32 (see ``MoE``), and fp8 experts (``cfg.expert_fp8``:
+        float8 e4m3 weights quantized per output row from N(0, 1 / fan_in) draws, float32
+        scales). Linear and expert weights are N(0, 1 / fan_in), so activations and logits stay
+        O(1) at any width; embeddings
         N(0, 1); norms 1. Nothing is downloaded. The same seed gives the same weights on the same device type (CPU and CUDA
         generators differ).
     """
     with torch.device("meta"):
         model = Transformer(cfg)
     model = model.to(dtype)
-    for mod in model.modules():
-        if isinstance(mod, MoE):  # the router stays float32 (see MoE)
-            mod.gate.float()
+    moes = [mod for mod in model.modules() if isinstance(mod, MoE)]
+    for mod in moes:  # the router stays float32 (see MoE); fp8 experts keep float32 scales
+        mod.gate.float()
+        if mod.fp8:
+            for w in ("w1", "w2", "w3"):
+                setattr(mod, w, nn.Parameter(torch.empty_like(getattr(mod, w), dtype=FP8), requires_grad=False))
+                getattr(mod, f"{w}_scale").data = getattr(mod, f"{w}_scale").float()
     model = model.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.named_parameters():
+        if p.dtype == FP8 or name.endswith("_scale"):
+            continue  # fp8 experts: drawn below
         if name.endswith("norm.weight"):
             p.fill_(1.0)
         elif name == "embed.weight":
             p.normal_(0.0, 1.0, generator=gen)
         else:
             p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=gen)
+    for mod in (m for m in moes if m.fp8):  # drawn in float32 one expert at a time, then quantized
+        for w in ("w1", "w2", "w3"):
+            q, s = getattr(mod, w), getattr(mod, f"{w}_scale")
+            for e in range(q.shape[0]):
+                full = torch.empty(q.shape[1:], device=device).normal_(0.0, q.shape[-1] ** -0.5, generator=gen)
+                q[e], s[e] = quantize_rows(full)
     for mod in model.modules():
         if isinstance(mod, MLA):  # to_empty left the (float32) buffer uninitialised
             mod.inv_freq = inv_freq(cfg, device)

@@ -1,0 +1,327 @@
+"""The MoE layer of a verify forward: time against tree tokens, distinct experts, bytes, roofline.
+
+A verify forward pushes T = batch x (budget + 1) tokens through every MoE layer. On one GPU of
+an expert-parallel deployment (``kimi_k2_ep8``: 48 of Kimi K2's 384 experts, top-8) a decode
+token touches about one local expert, but T tree tokens touch about
+``E_local (1 - (1 - k / E)^T)`` of them under uniform routing (``expected_distinct``): the
+expert weights streamed per layer grow up to E_local-fold, and at small batch the MoE is a
+memory-bound stream of expert weights. This module measures the engine's own MoE module
+(``kdtree.engine.model.MoE``: float32 router, permutation, ``torch._grouped_mm`` or, for fp8
+experts, ``torch._scaled_grouped_mm``, weighted combine) under graph replay, for three routings:
+
+* ``model``: the layer's router on random activations;
+* ``uniform``: every token's k experts a uniform random k-subset of the E global experts;
+* ``zipf``: experts drawn without replacement with probability proportional to
+  ``1 / rank^zipf_a`` (popularity ranks a seeded random permutation of the experts).
+
+For the synthetic routings the router still runs (its time counts) and its choice is replaced.
+Each point is checked against a float64 per-slot reference first, then timed; the byte model
+(``moe_layer_cost``) counts the distinct local experts' weights (the algorithmic minimum, what
+HBM must deliver) and the activation traffic of the static-shape permutation (every one of the
+T x k slots is gathered, gated and combined, local or not), and ``kdtree.bench.roofline`` says
+which roof binds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pandas as pd
+import torch
+
+from kdtree.bench.ceilings import Ceilings
+from kdtree.bench.models import Cost, Launch
+from kdtree.bench.roofline import classify_point
+from kdtree.bench.timing import time_graph, time_host
+from kdtree.engine.config import ModelConfig, get_config
+from kdtree.engine.model import FP8, MoE, build_model, quantize_rows
+
+ROUTINGS = ("model", "uniform", "zipf")
+TOKENS = (1, 17, 65, 257, 1025)
+
+
+def expected_distinct(tokens: int, k: int, experts: int, local: int) -> float:
+    """Expected distinct local experts touched by ``tokens`` tokens under uniform top-k routing.
+
+    Each token picks a uniform random ``k``-subset of ``experts``, so a given expert escapes
+    one token with probability ``1 - k / experts`` and all of them with its ``tokens``-th power:
+    ``local * (1 - (1 - k / experts) ** tokens)``.
+    """
+    for name, v in (("tokens", tokens), ("k", k), ("experts", experts), ("local", local)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    if not 1 <= k <= experts or local > experts:
+        raise ValueError(f"k, local: expected 1 <= k <= experts and local <= experts, got {k}, {local}, {experts}")
+    return local * (1.0 - (1.0 - k / experts) ** tokens)
+
+
+def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, inter: int, shared_inter: int,
+                   experts: int, k: int, weight_bytes: int = 2, act_bytes: int = 2) -> Cost:
+    """FLOPs and bytes of one MoE layer call on one GPU (router, routed experts, shared expert).
+
+    Parameters
+    ----------
+    tokens : int
+        T, tokens through the layer.
+    distinct : int
+        Distinct local experts the call touches: their weights are read once each.
+    local_slots : int
+        (token, slot) pairs routed to this GPU's experts: the grouped GEMMs' rows.
+    dim, inter, shared_inter : int
+        Hidden width, expert intermediate, shared-expert intermediate on this GPU (0: none).
+    experts, k : int
+        Global routed experts (the float32 router's rows) and experts per token.
+    weight_bytes : int
+        Bytes per expert weight: 2 for bf16, 1 for fp8 (plus a float32 scale per output row).
+    act_bytes : int
+        Bytes per activation value (2 for bf16, 4 for the float32 CPU path).
+
+    Returns
+    -------
+    Cost
+        ``bytes_min``: the touched experts' weights (and fp8 scales), the shared expert, the
+        float32 router and the layer's input and output, each once. The launches follow
+        ``MoE.experts``: the static-shape permutation gathers, gates, weights, un-permutes and
+        sums all T x k slots, local or not, and those intermediates are counted as written and
+        read again (``carried``); the grouped GEMMs read each touched expert once and run only
+        the local rows. Launch counts are per op of the code path (the run's kernel count is
+        in the bench's ``kernels`` column).
+    """
+    for name, v in (("tokens", tokens), ("distinct", distinct), ("local_slots", local_slots), ("dim", dim),
+                    ("inter", inter), ("shared_inter", shared_inter), ("experts", experts), ("k", k)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    if local_slots > tokens * k:
+        raise ValueError(f"local_slots: {local_slots} exceeds tokens * k = {tokens * k}")
+    if weight_bytes not in (1, 2):
+        raise ValueError(f"weight_bytes: expected 2 (bf16) or 1 (fp8), got {weight_bytes!r}")
+    fp8, b, T, R, Rl = weight_bytes == 1, act_bytes, tokens, tokens * k, local_slots
+    scales = 4 * (2 * inter + dim) if fp8 else 0
+    w13 = distinct * (2 * inter * dim * weight_bytes + 4 * 2 * inter * fp8)
+    w2 = distinct * (inter * dim * weight_bytes + 4 * dim * fp8)
+    shared = 3 * dim * shared_inter * b
+    bytes_min = distinct * (3 * inter * dim * weight_bytes + scales) + shared + experts * dim * 4 + 2 * T * dim * b
+
+    def launch(name, flops, read, write, carried=0.0, count=1):
+        return Launch(name, float(flops), float(read), float(write), float(read), float(write), float(carried), count)
+
+    parts = [launch("router: float32 gate, sigmoid, top-k, renormalise", 2 * T * experts * dim,
+                    experts * dim * 4 + T * dim * b, R * 12, count=6),
+             launch("permute: sort slots by expert, offsets, gather rows", 0, T * dim * b + R * 24, R * dim * b,
+                    count=10)]
+    if fp8:
+        parts.append(launch("quantize activations per row (gate/up and down inputs)", 0,
+                            R * (dim + inter) * b, R * (dim + inter + 8), R * (dim + inter) * b, count=8))
+    xin = Rl * dim * (1 if fp8 else b)
+    hin = Rl * inter * (1 if fp8 else b)
+    parts += [launch("grouped GEMMs: gate and up projections", 2 * 2 * Rl * inter * dim, w13 + 2 * xin,
+                     2 * Rl * inter * b, 2 * xin, count=2),
+              launch("SiLU and multiply over all slots", 0, 3 * R * inter * b, 2 * R * inter * b,
+                     3 * R * inter * b, count=2),
+              launch("grouped GEMM: down projection", 2 * Rl * inter * dim, w2 + hin, Rl * dim * b, hin),
+              launch("weight, mask, un-permute, sum the slots", 0, 5 * R * dim * b + R * 9,
+                     3 * R * dim * b + T * dim * b, 5 * R * dim * b, count=6)]
+    if shared_inter:
+        parts.append(launch("shared expert (dense SwiGLU) and the residual add", 2 * 3 * T * shared_inter * dim,
+                            shared + T * dim * b * 3 + 3 * T * shared_inter * b, T * dim * b * 2
+                            + 3 * T * shared_inter * b, 3 * T * shared_inter * b + T * dim * b, count=6))
+    note = (f"{distinct} distinct local experts ({'fp8' if fp8 else 'bf16'}) for {T} tokens, "
+            f"{Rl} local slots of {R}")
+    return Cost(2.0 * (3 * Rl * inter * dim + 3 * T * shared_inter * dim + T * experts * dim), float(bytes_min),
+                "tensor", tuple(parts), note)
+
+
+def routing_ids(kind: str, tokens: int, experts: int, k: int, *, zipf_a: float = 1.2,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Synthetic expert ids [tokens, k] (int64, distinct within a row) for ``uniform`` or ``zipf``.
+
+    ``zipf``: expert of popularity rank r (1-based) has weight ``r ** -zipf_a``; ranks are a
+    random permutation of the experts; k experts per token drawn without replacement (Gumbel
+    top-k). ``zipf_a = 0`` is uniform.
+    """
+    if kind not in ("uniform", "zipf"):
+        raise ValueError(f"kind: expected 'uniform' or 'zipf', got {kind!r}")
+    if not (isinstance(zipf_a, (int, float)) and math.isfinite(zipf_a) and zipf_a >= 0):
+        raise ValueError(f"zipf_a: expected a finite number >= 0, got {zipf_a!r}")
+    if not 1 <= k <= experts:
+        raise ValueError(f"k: expected 1..experts={experts}, got {k}")
+    g = generator or torch.Generator().manual_seed(0)
+    logw = torch.zeros(experts, dtype=torch.float64)
+    if kind == "zipf":
+        rank = torch.randperm(experts, generator=g).double() + 1.0
+        logw = -zipf_a * rank.log()
+    u = torch.rand(tokens, experts, generator=g, dtype=torch.float64).clamp(1e-300, 1.0)
+    return (logw - (-u.log()).log()).topk(k, dim=-1).indices
+
+
+def moe_reference(moe: MoE, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+    """``moe.experts`` in float64, one (token, slot) at a time: the local slots' weighted sum [T, dim].
+
+    For fp8 experts it dequantizes the weights and quantizes the activations per row as the
+    fp8 path does, so only the GEMM's accumulation differs.
+    """
+    E = moe.w1.shape[0]
+
+    def lin(v, name, e):
+        w = getattr(moe, name)[e].double()
+        if moe.fp8:
+            q, s = quantize_rows(v[None].float())
+            w = w * getattr(moe, f"{name}_scale")[e].double()[:, None]
+            v = q[0].double() * s.double()
+        return w @ v
+
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    for t in range(x.shape[0]):
+        xt = x[t].double()
+        for s in range(expert.shape[1]):
+            e = int(expert[t, s])
+            if e < E:
+                h = torch.nn.functional.silu(lin(xt, "w1", e)) * lin(xt, "w3", e)
+                out[t] += float(weight[t, s]) * lin(h.to(x.dtype).double(), "w2", e)
+    return out
+
+
+def moe_layer(cfg: ModelConfig, device, dtype: torch.dtype, seed: int = 0) -> MoE:
+    """One MoE layer of ``cfg`` with the engine's weights (a two-layer model's second layer)."""
+    model = build_model(replace(cfg, n_layers=2, first_dense=1, vocab_size=256), seed=seed, device=device,
+                        dtype=dtype)
+    return model.layers[1].ffn
+
+
+def _check(moe: MoE, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> float:
+    """Largest error of ``moe.experts`` against ``moe_reference`` relative to the output's scale;
+    raises above 2% (bf16 outputs; fp8 adds the same quantization on both sides)."""
+    got = moe.experts(x, weight, expert).double()
+    ref = moe_reference(moe, x, weight, expert)
+    err = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    if not err <= 0.02:
+        raise AssertionError(f"MoE experts differ from the float64 reference: relative error {err:.3g}")
+    return err
+
+
+def count_kernels(fn) -> int:
+    """CUDA kernels (and memset/memcpy operations) one call of ``fn`` runs, by the torch profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS, *, zipf_a: float = 1.2,
+                  fp8: bool | None = None, ceilings: Ceilings | None = None, quick: bool = True,
+                  seed: int = 0) -> pd.DataFrame:
+    """MoE layer time against tokens for each routing, with distinct experts, bytes and roofline.
+
+    Parameters
+    ----------
+    preset : str
+        Model preset; its MoE layer is built with the engine's weights (bf16 on CUDA, float32
+        on CPU, where ``fp8`` rows use the dequantized reference path).
+    tokens : iterable of int
+        T, tokens per call (verify: batch x (budget + 1)).
+    routings : iterable of str
+        Among ``ROUTINGS``.
+    zipf_a : float
+        Exponent of the ``zipf`` routing.
+    fp8 : bool, optional
+        Also time the layer with fp8 experts; default: on CUDA only.
+    ceilings : Ceilings, optional
+        Adds the roofline columns (``classify_point``) when given.
+    quick : bool
+        Fewer repetitions.
+
+    Returns
+    -------
+    DataFrame
+        One row per (variant, routing, tokens): kernel ``moe_layer``, variant (bf16 or fp8,
+        float32 on CPU), routing, zipf_a, tokens, distinct (local experts touched),
+        distinct_uniform (``expected_distinct``), local_experts, local_slots, check_error,
+        kernels (CUDA kernels per call, profiled once per variant; -1 on CPU), timing columns,
+        and the roofline columns plus ``hbm_fraction`` (the minimum bytes, i.e. the distinct
+        experts' weights, over the time, as a fraction of the measured HBM bandwidth).
+    """
+    bad = [r for r in routings if r not in ROUTINGS]
+    if bad:
+        raise ValueError(f"routings: unknown {bad}; expected among {ROUTINGS}")
+    tokens = [int(t) for t in tokens]
+    if not tokens or min(tokens) < 1:
+        raise ValueError(f"tokens: expected positive ints, got {tokens}")
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cfg = get_config(preset)
+    variants = [False] + ([True] if (cuda if fp8 is None else fp8) else [])
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for use_fp8 in variants:
+        moe = moe_layer(replace(cfg, expert_fp8=use_fp8), device, dtype, seed)
+        name = ("fp8" if use_fp8 else "bf16") if cuda else ("fp8-ref" if use_fp8 else "float32")
+        E, El, k = cfg.n_routed_experts, cfg.n_local_experts, cfg.n_active_experts
+        kernels = None
+        for routing in routings:
+            for T in tokens:
+                x = torch.randn(T, cfg.dim, generator=gen).to(device, dtype)
+                weight, expert = moe.route(x)
+                if routing != "model":
+                    expert = routing_ids(routing, T, E, k, zipf_a=zipf_a, generator=gen).to(device)
+                n = min(T, 5)
+                err = _check(moe, x[:n], weight[:n], expert[:n])
+
+                def call(x=x, expert=expert):
+                    w, _ = moe.route(x)                       # the router runs; its choice is replaced
+                    y = moe.experts(x, w, expert)
+                    return y + moe.shared(x) if moe.shared is not None else y
+
+                t = (time_graph(call, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)
+                     if cuda else time_host(call, reps=3 if quick else 10, warmup=1))
+                if kernels is None:
+                    kernels = count_kernels(call) if cuda else -1
+                local = expert < El
+                row = dict(kernel="moe_layer", variant=name, preset=preset, routing=routing,
+                           zipf_a=zipf_a if routing == "zipf" else float("nan"), tokens=T,
+                           distinct=int(expert[local].unique().numel()),
+                           distinct_uniform=expected_distinct(T, k, E, El), local_experts=El,
+                           local_slots=int(local.sum()), check_error=err, kernels=kernels,
+                           **t.as_dict())
+                if ceilings is not None:
+                    cost = moe_layer_cost(tokens=T, distinct=row["distinct"], local_slots=row["local_slots"],
+                                          dim=cfg.dim, inter=cfg.moe_inter_dim, shared_inter=cfg.shared_dim,
+                                          experts=E, k=k, weight_bytes=1 if use_fp8 else 2,
+                                          act_bytes=torch.finfo(dtype).bits // 8)
+                    row |= classify_point(cost, ceilings, t.median_us, t.mode, t.l2, name, "moe_layer")
+                    row["hbm_fraction"] = row["achieved_tbs"] * 1e12 / ceilings.hbm_bw
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fp8_support() -> dict:
+    """What this torch offers for fp8 e4m3 experts on this GPU: try 128 x 128 block-scaled and
+    per-row scaled ``torch._scaled_grouped_mm`` and block-scaled ``torch._scaled_mm`` on tiny
+    operands; returns ``{name: "ok" or the error's first line}`` (``{}`` without CUDA)."""
+    if not torch.cuda.is_available():
+        return {}
+    E, M, K, N = 2, 256, 256, 256
+    a = torch.randn(M, K, device="cuda").to(FP8)
+    b = torch.randn(E, N, K, device="cuda").to(FP8).transpose(-2, -1)
+    offs = torch.tensor([128, 256], dtype=torch.int32, device="cuda")
+    one = lambda *s: torch.ones(*s, device="cuda")  # noqa: E731
+    trials = {
+        "scaled_grouped_mm rowwise": lambda: torch._scaled_grouped_mm(a, b, one(M), one(E, N), offs=offs,
+                                                                      out_dtype=torch.bfloat16),
+        "scaled_grouped_mm block 1x128 / 128x128": lambda: torch._scaled_grouped_mm(
+            a, b, one(M, K // 128), one(E, K // 128, N // 128), offs=offs, out_dtype=torch.bfloat16),
+        "scaled_mm block 1x128 / 128x128": lambda: torch._scaled_mm(
+            a, b[0], one(M, K // 128), one(K // 128, N // 128), out_dtype=torch.bfloat16),
+    }
+    out = {}
+    for name, fn in trials.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            out[name] = "ok"
+        except Exception as exc:  # noqa: BLE001 - the error text is the finding
+            out[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return out

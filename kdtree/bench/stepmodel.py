@@ -1,0 +1,490 @@
+"""A step model of DDTree on n GPUs: measured components times layer counts, plus modelled links.
+
+One DDTree step verifies T = batch x (budget + 1) tree tokens; greedy decoding verifies
+T = batch. The step's time on one GPU of an n-GPU deployment is predicted as the sum of
+
+* per layer (times the layer count): attention at the shard's heads (the engine's MLA block,
+  projections and ``kdtree.verify_attention`` at the step's prefix), the FFN (the MoE of
+  ``kdtree.bench.moe`` on MoE layers, the dense SwiGLU on the dense ones), two RMSNorms and
+  residual adds, and the TP / EP communication;
+* per step: embedding, final norm, LM head and argmax; the drafter, top-K, tree build, accept,
+  KV compaction and commit (the engine's own phases, ``kdtree.engine.ddtree``).
+
+Every component except the communication is MEASURED in the run (graph replay on a GPU, host
+clock on CPU) at the step's shapes (``measure_components``). The communication is MODELLED
+from a stated link (``Link``: bandwidth and latency per collective): a ring all-reduce of the
+T x hidden activations after attention and after the FFN (``comm="allreduce"``: TP attention
+leaves every token on every GPU, each EP rank computes its local experts for all of them, the
+combine is an all-reduce), or a reduce-scatter and all-gather around an all-to-all dispatch and
+combine of the routed slots (``comm="alltoall"``). DDTree's speedup over greedy decoding at a
+budget is ``tau(budget) x step(greedy) / step(budget)``, with ``tau`` the acceptance length:
+by default the DDTree paper's budget sweep (``PAPER_TAU``), or the engine's measured one
+(``engine_tau``).
+
+Two models: Kimi K2 (``kimi_k2_ep8`` and the like: MLA + MoE, one GPU's share) and a dense
+model of the paper's shape (``QWEN3_8B``: GQA attention through PyTorch's SDPA over prefix
+plus tree, the tree mask left out; one GPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pandas as pd
+import torch
+from torch import nn
+
+from kdtree.attention import verify_attention
+from kdtree.bench.engine_bench import step_breakdown
+from kdtree.bench.timing import time_graph, time_host
+from kdtree.engine.config import ModelConfig, get_config, get_drafter_config
+from kdtree.engine.ddtree import chain_tree, run_phases, start
+from kdtree.engine.drafter import SyntheticDrafter
+from kdtree.engine.model import RMSNorm, SwiGLU, build_model
+
+# The DDTree paper (arXiv 2604.12989), MATH-500, Qwen3-8B, T = 0, read off its Fig. 3:
+# acceptance length against budget, and the single chain (DFlash, 15 deep).
+PAPER_TAU = {16: 8.6, 32: 9.25, 64: 9.75, 128: 10.2, 256: 10.4, 512: 10.7, 1024: 11.0}
+PAPER_TAU_CHAIN = 7.8
+BUDGETS = tuple(PAPER_TAU)
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """A dense GQA decoder's shapes (one GPU).
+
+    Attributes
+    ----------
+    n_layers, dim, n_heads, n_kv_heads, head_dim, inter_dim, vocab_size : int
+    """
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    inter_dim: int
+    vocab_size: int
+
+    def __post_init__(self):
+        for name in ("n_layers", "dim", "n_heads", "n_kv_heads", "head_dim", "inter_dim", "vocab_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads: {self.n_kv_heads} does not divide n_heads {self.n_heads}")
+
+
+QWEN3_8B = DenseConfig(n_layers=36, dim=4096, n_heads=32, n_kv_heads=8, head_dim=128, inter_dim=12288,
+                       vocab_size=151936)
+DENSE_TINY = DenseConfig(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, inter_dim=128, vocab_size=256)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The modelled interconnect: per-GPU bandwidth in one direction and a latency per collective.
+
+    Defaults: NVLink 4 on an H200 (450 GB/s each way per GPU, the datasheet's 900 GB/s
+    bidirectional) and 10 us per collective (NCCL's small-message latency inside one node).
+    Labels, not measurements.
+    """
+
+    bandwidth: float = 450e9
+    latency_us: float = 10.0
+
+    def allreduce_us(self, nbytes: float, gpus: int) -> float:
+        """Ring all-reduce of ``nbytes`` over ``gpus`` GPUs: latency + 2 (n - 1) / n bytes / bandwidth."""
+        return 0.0 if gpus == 1 else self.latency_us + 2 * (gpus - 1) / gpus * nbytes / self.bandwidth * 1e6
+
+    def alltoall_us(self, nbytes: float, gpus: int) -> float:
+        """All-to-all in which each GPU sends ``nbytes`` in total: latency + bytes / bandwidth."""
+        return 0.0 if gpus == 1 else self.latency_us + nbytes / self.bandwidth * 1e6
+
+
+def comm_per_layer_us(tokens: int, dim: int, gpus: int, link: Link, comm: str = "allreduce", *,
+                      moe: bool = True, k: int = 8) -> float:
+    """Modelled communication of one layer on one GPU for ``tokens`` tokens of width ``dim`` (bf16).
+
+    ``allreduce``: two all-reduces of tokens x dim (after attention, after the FFN).
+    ``alltoall`` (MoE layers): the attention all-reduce as a reduce-scatter and all-gather
+    around the MoE, plus dispatch and combine all-to-alls of each GPU's tokens / gpus tokens'
+    k slots, the (n - 1) / n that go to other GPUs. Dense layers always take two all-reduces.
+    """
+    if comm not in ("allreduce", "alltoall"):
+        raise ValueError(f"comm: expected 'allreduce' or 'alltoall', got {comm!r}")
+    act = tokens * dim * 2
+    if comm == "allreduce" or not moe:
+        return 2 * link.allreduce_us(act, gpus)
+    slots = tokens / gpus * k * (gpus - 1) / gpus * dim * 2
+    return link.allreduce_us(act, gpus) + link.latency_us * (gpus > 1) + 2 * link.alltoall_us(slots, gpus)
+
+
+class DenseAttention(nn.Module):
+    """GQA attention of a dense model over a KV cache: fused QKV projection, SDPA, output projection.
+
+    The tree's own K/V rows are written at ``prefix .. prefix + N - 1``; every query attends to
+    the whole prefix and all tree rows (the tree mask, at most N of P + N columns, is left out;
+    rotary embedding and QK-norm, elementwise, too). The ``heads / kv_heads`` query heads of a
+    group are folded into the query length, so SDPA runs plain multi-head attention.
+    """
+
+    def __init__(self, cfg: DenseConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x, k_cache, v_cache, prefix: int):
+        """x [B, N, dim]; k_cache, v_cache [B, kv_heads, S, head_dim] with S >= prefix + N."""
+        c = self.cfg
+        B, N, _ = x.shape
+        g, hd = c.n_heads // c.n_kv_heads, c.head_dim
+        q, k, v = self.wqkv(x).split([c.n_heads * hd, c.n_kv_heads * hd, c.n_kv_heads * hd], dim=-1)
+        k_cache[:, :, prefix:prefix + N] = k.view(B, N, c.n_kv_heads, hd).transpose(1, 2)
+        v_cache[:, :, prefix:prefix + N] = v.view(B, N, c.n_kv_heads, hd).transpose(1, 2)
+        q = q.view(B, N, c.n_kv_heads, g, hd).permute(0, 2, 3, 1, 4).reshape(B, c.n_kv_heads, g * N, hd)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k_cache[:, :, :prefix + N],
+                                                             v_cache[:, :, :prefix + N])
+        o = o.view(B, c.n_kv_heads, g, N, hd).permute(0, 3, 1, 2, 4).reshape(B, N, c.n_heads * hd)
+        return self.wo(o)
+
+
+DENSE_MODELS = {"qwen3_8b": QWEN3_8B, "dense_tiny": DENSE_TINY}
+
+
+def step_config(model: str) -> ModelConfig | DenseConfig:
+    """The shapes behind a step model's name: a dense model of ``DENSE_MODELS`` or an engine preset."""
+    return DENSE_MODELS[model] if model in DENSE_MODELS else get_config(model)
+
+
+def _timer(quick: bool):
+    """Graph replay on a GPU, the host clock on CPU; returns fn -> Timing."""
+    if torch.cuda.is_available():
+        return lambda fn: time_graph(fn, reps=5 if quick else 20, calls_per_graph=2 if quick else 5, warmup=1)
+    return lambda fn: time_host(fn, reps=2 if quick else 5, warmup=1)
+
+
+def _init(module: nn.Module, device, dtype, seed: int) -> nn.Module:
+    """``module`` on ``device`` in ``dtype`` with N(0, 1 / fan_in) weights (norms 1), eval, no grad."""
+    module = module.to(device=device, dtype=dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() == 1:       # norm weights
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 1.0 if isinstance(module, nn.Embedding) else p.shape[-1] ** -0.5, generator=gen)
+    return module.eval().requires_grad_(False)
+
+
+def nodes_for(budget) -> int:
+    """Tree tokens per sequence: 1 for greedy decoding (``budget=0``), 16 for the chain
+    (``"chain"``, 15 draft positions), ``budget + 1`` otherwise."""
+    return 1 if budget == 0 else (16 if budget == "chain" else int(budget) + 1)
+
+
+def _probe(vocab: int, cpu: bool) -> ModelConfig:
+    """A two-layer target with the kernels' attention shapes (8 heads, latent 576) and small
+    widths, at ``vocab``: the engine model whose decode phases (drafter, top-K, build, accept,
+    compact, commit) are timed; only its vocabulary and the batch shape them."""
+    base = get_config("tiny") if cpu else replace(get_config("kimi_k2_tp8"), dim=256, q_lora_rank=64,
+                                                   inter_dim=256, moe_inter_dim=64)
+    return replace(base, n_layers=2, vocab_size=vocab)
+
+
+def measure_decode_phases(vocab: int, batches, budgets, *, drafter: str = "small", quick: bool = True,
+                          seed: int = 0) -> list[dict]:
+    """Time the engine's per-step phases besides the verify forward, per (batch, budget).
+
+    Runs ``kdtree.engine.ddtree.start`` on a two-layer probe model (``_probe``) with the
+    synthetic drafter ``drafter`` over ``vocab``, then times each phase (draft, topk, build,
+    accept, compact, commit; greedy decoding: commit) alone. ``budget`` 0 is greedy decoding,
+    ``"chain"`` the single chain (top-1, 15 deep). Compaction is timed over the probe's 2
+    layers and reported per layer (``per="layer"``): its work grows with the layers.
+    """
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cfg = _probe(vocab, not cuda)
+    model = build_model(cfg, seed=seed, device=device, dtype=dtype)
+    dcfg = get_drafter_config(drafter)
+    timer = _timer(quick)
+    rows = []
+    for B in batches:
+        gen = torch.Generator().manual_seed(seed)
+        prompts = [torch.randint(0, vocab, (8,), generator=gen).to(device) for _ in range(B)]
+        d = SyntheticDrafter(dcfg, vocab, seed=seed, device=device, dtype=dtype)
+        d.set_reference(torch.randint(0, vocab, (B, 64), generator=gen).to(device))
+        for budget in budgets:
+            mode = "ar" if budget == 0 else "ddtree"
+            b, topk = (dcfg.draft_len, 1) if budget == "chain" else (max(int(budget), 1), None)
+            state, phases = start(model, prompts, 16, mode, d if mode == "ddtree" else None, b, topk)
+            run_phases(phases)
+            rest = [(name, fn) for name, fn in phases if name != "verify"]
+            for name, fn in rest:
+                if cuda:
+                    run_phases(rest)  # fresh eager inputs for this phase, not a released capture's
+                t = timer(fn)
+                per_layer = name == "compact"
+                rows.append(dict(component=name, per="layer" if per_layer else "step", batch=B,
+                                 nodes=nodes_for(budget), prefix=0, tokens=B * nodes_for(budget),
+                                 budget_label=str(budget), **{k: v / (cfg.n_layers if per_layer else 1)
+                                                        for k, v in t.as_dict().items()
+                                                        if k.endswith("_us")},
+                                 mode=t.mode, l2=t.l2))
+    return rows
+
+
+def _row(component, per, B, N, P, t, budget=""):
+    return dict(component=component, per=per, batch=B, nodes=N, prefix=P, tokens=B * N, budget_label=str(budget),
+                **t.as_dict())
+
+
+def measure_components(model: str, batches, budgets, prefixes, *, drafter: str = "small", quick: bool = True,
+                       seed: int = 0) -> pd.DataFrame:
+    """Measure every component of a step of ``model`` at each (batch, budget, prefix).
+
+    Parameters
+    ----------
+    model : str
+        An engine preset (an MLA + MoE target, e.g. ``kimi_k2_ep8``; its MoE layers must exist)
+        or ``"qwen3_8b"`` (``QWEN3_8B``) / ``"dense_tiny"`` (``DENSE_TINY``, CPU tests).
+    batches, prefixes : iterables of int
+    budgets : iterable
+        Tree budgets; 0 (greedy decoding) and ``"chain"`` are always added.
+    drafter : str
+        Drafter preset of the decode phases.
+    quick : bool
+        Fewer repetitions.
+
+    Returns
+    -------
+    DataFrame
+        Tidy rows: model, component, per (``layer``: once per layer of its kind; ``step``:
+        once per step; ``info``: not summed), batch, nodes, prefix, tokens, budget_label (the
+        decode phases' run: ``0`` greedy, ``chain`` or the budget; empty elsewhere), median_us,
+        p20_us, p80_us, reps, mode, l2. Components: ``attention`` (per layer, at every prefix),
+        ``attention_core`` (info: ``verify_attention`` alone), ``moe`` / ``dense_ffn`` (per
+        layer of that kind), ``ffn`` (dense models), ``norms``, ``embed_head``, and the decode
+        phases of ``measure_decode_phases``.
+    """
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    timer = _timer(quick)
+    budgets = [0, "chain"] + [b for b in budgets if b not in (0, "chain")]
+    batches, prefixes = [int(b) for b in batches], [int(p) for p in prefixes]
+    dense = model in DENSE_MODELS
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    if dense:
+        cfg = DENSE_MODELS[model]
+        attn = _init(DenseAttention(cfg), device, dtype, seed)
+        ffn = _init(SwiGLU(cfg.dim, cfg.inter_dim), device, dtype, seed + 1)
+        vocab = cfg.vocab_size
+    else:
+        cfg = get_config(model)
+        if cfg.n_layers <= cfg.first_dense:
+            raise ValueError(f"model: preset {model!r} has no MoE layer")
+        probe = build_model(replace(cfg, n_layers=cfg.first_dense + 1, vocab_size=256), seed=seed, device=device,
+                            dtype=dtype)
+        attn, moe, ffn = probe.layers[-1].attn, probe.layers[-1].ffn, probe.layers[0].ffn
+        vocab = cfg.vocab_size
+    norm = _init(RMSNorm(cfg.dim, 1e-6), device, dtype, seed)
+    embed = _init(nn.Embedding(vocab, cfg.dim), device, dtype, seed + 2)
+    head = _init(nn.Linear(cfg.dim, vocab, bias=False), device, dtype, seed + 3)
+    for B in batches:
+        for N in sorted({nodes_for(b) for b in budgets}):
+            x = torch.randn(B, N, cfg.dim, device=device, generator=gen).to(dtype)
+            tok = torch.randint(0, vocab, (B, N), device=device, generator=gen)
+            rows.append(_row("norms", "layer", B, N, 0, timer(lambda: (norm(x) + x, norm(x) + x))))
+            rows.append(_row("embed_head", "step", B, N, 0,
+                             timer(lambda: (embed(tok), head(norm(x)).argmax(-1)))))
+            if dense:
+                rows.append(_row("ffn", "layer", B, N, 0, timer(lambda: ffn(x))))
+            else:
+                rows.append(_row("moe", "layer", B, N, 0, timer(lambda: moe(x))))
+                rows.append(_row("dense_ffn", "layer", B, N, 0, timer(lambda: ffn(x))))
+            for P in prefixes:
+                rows += _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen)
+    rows += measure_decode_phases(vocab, batches, budgets, drafter=drafter, quick=quick, seed=seed)
+    df = pd.DataFrame(rows)
+    df.insert(0, "model", model)
+    if cuda:
+        torch.cuda.empty_cache()
+    return df
+
+
+def _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen) -> list[dict]:
+    """Attention at (B, N, P): the whole attention block, and for MLA the verify kernel alone."""
+    if dense:
+        kc = torch.zeros(B, cfg.n_kv_heads, P + N, cfg.head_dim, device=device, dtype=dtype)
+        vc = torch.zeros_like(kc)
+        return [_row("attention", "layer", B, N, P, timer(lambda: attn(x, kc, vc, P)))]
+    kv = torch.randn(B, P + N, cfg.latent_dim, device=device, generator=gen).to(dtype)
+    lens = torch.full((B,), P, device=device, dtype=torch.int64)
+    tree = chain_tree(torch.full((B,), N, device=device), N)
+    pos = lens[:, None] + tree.depth.clamp_min(0)
+    rows = [_row("attention", "layer", B, N, P, timer(lambda: attn(x, pos, kv, lens, tree)))]
+    if torch.cuda.is_available():
+        q = torch.randn(B, N, cfg.n_heads, cfg.latent_dim, device=device, generator=gen).to(dtype)
+        rows.append(_row("attention_core", "info", B, N, P, timer(
+            lambda: verify_attention(q, kv, lens, tree, cfg.softmax_scale, check_values=False))))
+    return rows
+
+
+def predict(components: pd.DataFrame, *, layers: int, first_dense: int, batch: int, budget, prefix: int,
+            gpus: int = 1, link: Link | None = None, comm: str = "allreduce", dim: int | None = None,
+            k: int = 8) -> dict[str, float]:
+    """Predicted step time on one GPU, by component, in microseconds.
+
+    Parameters
+    ----------
+    components : DataFrame
+        ``measure_components``' table for one model.
+    layers, first_dense : int
+        Layer count and how many of them are dense (MoE models); a dense model's table has an
+        ``ffn`` component and every layer takes it.
+    batch, budget, prefix
+        The step: ``budget`` 0 (greedy), ``"chain"`` or a tree budget.
+    gpus, link, comm, dim, k
+        The modelled communication (``comm_per_layer_us``); ``gpus=1`` has none. ``dim`` is
+        the hidden width (needed when gpus > 1).
+
+    Returns
+    -------
+    dict
+        Component -> microseconds (attention, moe, dense_ffn or ffn, norms, comm, embed_head
+        and the decode phases); ``step`` is their sum.
+    """
+    if not isinstance(layers, int) or layers < 1 or not 0 <= first_dense <= layers:
+        raise ValueError(f"layers, first_dense: expected 1 <= layers and 0 <= first_dense <= layers, "
+                         f"got {layers}, {first_dense}")
+    N = nodes_for(budget)
+    c = components[(components.batch == batch) & (components.nodes == N)]
+    if c.empty:
+        raise ValueError(f"components: nothing measured at batch={batch}, nodes={N}")
+
+    def get(name, **where):
+        r = c[c.component == name]
+        for col, v in where.items():
+            r = r[r[col] == v]
+        if r.empty:
+            raise ValueError(f"components: no {name!r} at batch={batch}, nodes={N}, {where}")
+        return float(r.median_us.iloc[0])
+
+    out = {"attention": layers * get("attention", prefix=prefix), "norms": layers * get("norms")}
+    if "ffn" in set(c.component):
+        out["ffn"] = layers * get("ffn")
+    else:
+        out["moe"] = (layers - first_dense) * get("moe")
+        out["dense_ffn"] = first_dense * get("dense_ffn")
+    if gpus > 1:
+        if dim is None:
+            raise ValueError("dim: needed for the communication when gpus > 1")
+        link = link or Link()
+        out["comm"] = (first_dense * comm_per_layer_us(batch * N, dim, gpus, link, comm, moe=False, k=k)
+                       + (layers - first_dense) * comm_per_layer_us(batch * N, dim, gpus, link, comm,
+                                                                     moe="ffn" not in out, k=k))
+    out["embed_head"] = get("embed_head")
+    phases = c[(c.per.isin(["step", "layer"])) & (c.budget_label == str(budget))
+               & ~c.component.isin(["attention", "norms", "moe", "dense_ffn", "ffn", "embed_head"])]
+    for name, per, us in zip(phases.component, phases.per, phases.median_us):
+        out[name] = float(us) * (layers if per == "layer" else 1)
+    out["step"] = sum(out.values())
+    return out
+
+
+def engine_tau(throughput: pd.DataFrame, mode: str = "graph") -> tuple[dict, float]:
+    """The engine's measured acceptance from ``engine_tables``' throughput table: {budget: tau}
+    for DDTree and the chain's tau, from the rows of timing ``mode`` (first accuracy)."""
+    t = throughput[throughput["mode"] == mode] if "mode" in throughput else throughput
+    if "accuracy" in t:
+        t = t[t.accuracy == t.accuracy.iloc[0]]
+    tree = t[t.decode == "ddtree"]
+    chain = t[t.decode == "chain"]
+    if tree.empty or chain.empty:
+        raise ValueError("throughput: needs ddtree and chain rows (engine_tables' throughput table)")
+    return {int(b): float(v) for b, v in zip(tree.budget, tree.tau)}, float(chain.tau.iloc[0])
+
+
+def speedup_table(components: pd.DataFrame, *, layers: int, first_dense: int, batches, prefixes,
+                  tau: dict | None = None, tau_chain: float | None = None, gpus: int = 1,
+                  link: Link | None = None, comm: str = "allreduce", dim: int | None = None,
+                  k: int = 8, label: str = "") -> pd.DataFrame:
+    """Predicted step time and DDTree's speedup over greedy decoding against budget.
+
+    ``tau`` (budget -> acceptance length) defaults to ``PAPER_TAU`` and ``tau_chain`` to
+    ``PAPER_TAU_CHAIN``. One row per (batch, prefix, decode, budget): step_us (predicted),
+    greedy_us, tau, tokens_per_s (per sequence), speedup, best (the best budget of its
+    (batch, prefix)), and the components (``c_*`` columns, microseconds).
+    """
+    tau = PAPER_TAU if tau is None else tau
+    tau_chain = PAPER_TAU_CHAIN if tau_chain is None else tau_chain
+    kw = dict(layers=layers, first_dense=first_dense, gpus=gpus, link=link, comm=comm, dim=dim, k=k)
+    rows = []
+    for B in batches:
+        for P in prefixes:
+            greedy = predict(components, batch=B, budget=0, prefix=P, **kw)
+            runs = [("greedy", 0, 1.0), ("chain", "chain", tau_chain)] + [("ddtree", b, t) for b, t in tau.items()]
+            part = []
+            for decode, budget, t in runs:
+                p = predict(components, batch=B, budget=budget, prefix=P, **kw)
+                part.append(dict(model=label, gpus=gpus, batch=B, prefix=P, decode=decode,
+                                 budget=15 if budget == "chain" else int(budget), tau=t, step_us=p["step"],
+                                 greedy_us=greedy["step"], tokens_per_s=t / p["step"] * 1e6,
+                                 speedup=t * greedy["step"] / p["step"],
+                                 **{f"c_{n}": v for n, v in p.items() if n != "step"}))
+            best = max((r for r in part if r["decode"] == "ddtree"), key=lambda r: r["speedup"])
+            for r in part:
+                r["best"] = r is best
+            rows += part
+    return pd.DataFrame(rows)
+
+
+def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prompt: int = 512, new: int = 64,
+             steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0) -> pd.DataFrame:
+    """The step model against the engine's measured step at ``preset`` with ``layers`` layers.
+
+    The engine: ``step_breakdown`` (whole step in one graph on a GPU, eager on CPU) of the
+    preset's model (random weights, the synthetic drafter; acceptance does not change a
+    step's time, the shapes being static) at each budget and for greedy decoding. The model:
+    ``measure_components`` at the same batch and budgets with the prefix at mid-run
+    (``prompt + new / 2``), summed by ``predict`` for ``layers`` layers on one GPU. One row per
+    budget: measured_us, predicted_us, ratio (predicted / measured), and the prediction's
+    components.
+    """
+    cuda = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
+    cfg = replace(get_config(preset), n_layers=layers)
+    model = build_model(cfg, seed=seed, device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, cfg.vocab_size, (prompt,), generator=gen).to(device) for _ in range(batch)]
+    dcfg = get_drafter_config(drafter)
+    d = SyntheticDrafter(dcfg, cfg.vocab_size, seed=seed, device=device, dtype=dtype)
+    d.set_reference(torch.randint(0, cfg.vocab_size, (batch, new + dcfg.draft_len + 2), generator=gen).to(device))
+    timing = "graph" if cuda else "eager"
+    measured = {}
+    for budget in [0, *budgets]:
+        mode = "ar" if budget == 0 else "ddtree"
+        rows = step_breakdown(model, prompts, mode=mode, drafter=d if budget else None, budget=max(budget, 1),
+                              steps=steps, warmup=2, timing=timing, max_new_tokens=new)
+        measured[budget] = next(r["median_us"] for r in rows if r["phase"] == "step")
+    model = None  # free the weights before the components are measured
+    if cuda:
+        torch.cuda.empty_cache()
+    P = prompt + new // 2
+    comps = measure_components(preset, [batch], list(budgets), [P], drafter=drafter, quick=quick, seed=seed)
+    out = []
+    for budget, meas in measured.items():
+        p = predict(comps, layers=layers, first_dense=cfg.first_dense, batch=batch, budget=budget, prefix=P)
+        out.append(dict(preset=preset, layers=layers, batch=batch, budget=budget, prefix=P, measured_us=meas,
+                        predicted_us=p["step"], ratio=p["step"] / meas, timing=timing,
+                        **{f"c_{n}": v for n, v in p.items() if n != "step"}))
+    return pd.DataFrame(out)
+
+
+def best_budgets(table: pd.DataFrame) -> pd.DataFrame:
+    """The best budget per (model, gpus, batch, prefix) of ``speedup_table`` rows, with its speedup."""
+    best = table[table.best.astype(bool)]
+    return best[["model", "gpus", "batch", "prefix", "budget", "tau", "speedup", "step_us", "greedy_us"]] \
+        .reset_index(drop=True)
+
+
