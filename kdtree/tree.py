@@ -419,6 +419,15 @@ def _check_accepted_rows(prefix_lens: torch.Tensor, accepted: Accepted, S: int) 
 
 def _check_tree(tree) -> None:
     need(isinstance(tree, Tree), TypeError, f"tree: expected a kdtree.Tree, got {type(tree).__name__}")
+    check_tensor("tree.tokens", tree.tokens, (torch.int32,), 2)
+    B, N = tree.tokens.shape
+    check_tensor("tree.parents", tree.parents, (torch.int32,), 2, tree.device)
+    check_tensor("tree.num_nodes", tree.num_nodes, (torch.int32,), 1, tree.device)
+    need(tuple(tree.parents.shape) == (B, N) and tuple(tree.num_nodes.shape) == (B,), ValueError,
+         f"tree: parents {tuple(tree.parents.shape)} and num_nodes {tuple(tree.num_nodes.shape)} do not match "
+         f"tokens {(B, N)}")
+    need(isinstance(tree.draft_depth, int) and 0 <= tree.draft_depth <= MAX_DEPTH, ValueError,
+         f"tree.draft_depth: must be an int in 0..{MAX_DEPTH}, got {tree.draft_depth!r}")
 
 
 def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto",

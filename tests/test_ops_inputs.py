@@ -93,6 +93,33 @@ def test_token_ids_at_the_int32_limits_are_kept(gen):
     assert int(kdtree.accept_tree(tree, target).bonus[0]) == 2**31 - 1
 
 
+def _tree_with(**fields):
+    tree = chain()
+    return Tree(**{f: fields.get(f, getattr(tree, f)) for f in
+                   ("tokens", "parents", "depth", "num_nodes", "visibility", "draft_depth")})
+
+
+TREE_CASES = {  # name -> (the Tree handed to accept_tree, error, argument named)
+    "not a Tree": (lambda: "tree", TypeError, "tree"),
+    "tokens int64": (lambda: _tree_with(tokens=chain().tokens.long()), TypeError, "tree.tokens"),
+    "parents int64": (lambda: _tree_with(parents=chain().parents.long()), TypeError, "tree.parents"),
+    "parents of another shape": (lambda: _tree_with(parents=chain().parents[:, :3].contiguous()), ValueError, "tree"),
+    "num_nodes 2-D": (lambda: _tree_with(num_nodes=chain().num_nodes[:, None]), ValueError, "tree.num_nodes"),
+    "num_nodes on meta": (lambda: _tree_with(num_nodes=chain().num_nodes.to("meta")), ValueError, "tree.num_nodes"),
+    "draft_depth -1": (lambda: _tree_with(draft_depth=-1), ValueError, "tree.draft_depth"),
+    "draft_depth 33": (lambda: _tree_with(draft_depth=33), ValueError, "tree.draft_depth"),
+}
+
+
+@pytest.mark.parametrize("case", list(TREE_CASES))
+def test_accept_tree_refuses_a_malformed_tree(case):
+    make, exc, arg = TREE_CASES[case]
+    target = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(exc, match=rf"^{arg}:"):
+        kdtree.accept_tree(make(), target)
+    assert torch.equal(target, torch.zeros(2, 5, dtype=torch.long))
+
+
 # --- compact_kv: an inconsistent Accepted is refused before the first write -------------------------
 
 M = 5  # indices per row (draft depth 4 + root)
