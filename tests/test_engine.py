@@ -68,6 +68,28 @@ def test_presets_valid():
     assert isinstance(model.layers[0].ffn, SwiGLU) and all(isinstance(b.ffn, MoE) for b in model.layers[1:])
 
 
+def test_kimi_k2_ep8_presets():
+    """One GPU's share of Kimi K2 under TP8 attention and EP8 experts, and how many layers fit."""
+    from kdtree.engine.config import fitting_layers, kimi_k2_shard, weight_bytes
+    bf16, fp8 = get_config("kimi_k2_ep8"), get_config("kimi_k2_ep8_fp8")
+    for cfg in (bf16, fp8):
+        assert (cfg.n_heads, cfg.dim, cfg.moe_inter_dim, cfg.n_active_experts) == (8, 7168, 2048, 8)
+        assert (cfg.n_routed_experts, cfg.n_local_experts, cfg.expert_parallel) == (384, 48, 8)
+        assert (cfg.shared_dim, cfg.inter_dim, cfg.vocab_size, cfg.first_dense) == (256, 2304, 20480, 1)
+        assert cfg.latent_dim == 576 and cfg.n_heads in HEADS
+    expert = 3 * 2048 * 7168
+    w, w8 = weight_bytes(bf16), weight_bytes(fp8)
+    assert w["moe_layer"] - w8["moe_layer"] == 48 * (expert - 4 * (2 * 2048 + 7168))  # 1 byte + fp32 row scales
+    room = 139 * 2**30 - 10e9 - w["embed_head"] - w["dense_layer"]
+    assert bf16.n_layers == 1 + int(room // w["moe_layer"]) == 33 and fp8.n_layers == 61
+    assert w["total"] <= 139 * 2**30 - 10e9 < weight_bytes(bf16, 34)["total"]
+    assert fitting_layers(bf16, memory_bytes=80 * 2**30) < 33
+    with pytest.raises(ValueError, match="gpus"):
+        kimi_k2_shard(3)
+    with pytest.raises(ValueError, match="expert_parallel"):
+        replace(bf16, expert_parallel=5)
+
+
 def test_config_errors_name_the_argument():
     base = get_config("tiny")
     with pytest.raises(ValueError, match="qk_rope_dim"):
