@@ -132,7 +132,7 @@ NOTEBOOKS = {
                  "from kdtree.bench import plots\n"
                  "from kdtree.bench.ceilings import get_ceilings\n"
                  "from kdtree.bench.results import save_table\n"
-                 "from kdtree.engine.profile import engine_tables\n\n"
+                 "from kdtree.bench.engine_bench import engine_tables\n\n"
                  "ceilings = get_ceilings(ceilings_path or None, quick=True)\n"
                  "through, breakdown, meta = engine_tables(preset, layers=layers or None, drafter=drafter, batch=batch,\n"
                  "                                         prompt=prompt, new=new, budgets=budgets,\n"
@@ -164,6 +164,49 @@ NOTEBOOKS = {
         ("md", "## Where a step's time goes"),
         ("code", "plots.table(breakdown.pivot_table(index='phase', columns=['mode', 'decode', 'budget'],\n"
                  "                                  values='median_us').round(1).reset_index())"),
+    ],
+    "04_counters": [
+        ("md", "# The models against the hardware counters\n\nEvery kernel (every verify variant, the tree "
+               "build on both paths, accept, compaction) run once under Nsight Compute with the clocks left "
+               "alone and every cache flushed before each kernel, its counters read from the report's raw "
+               "page and put beside the launches the cost model predicts. Per call and memory level: model, "
+               "counter, ratio; DRAM bytes are flagged beyond 10%, tensor FLOPs as executed beyond 5% (the "
+               "other figures with a looser 25%, shown for the picture). Without a GPU and ncu nothing is "
+               "profiled and the notebook says so."),
+        ("parameters", "counters_path = ''  # a `kdtree profile --out` folder to read; empty: profile now (GPU host)\n"
+                       "full = False  # the larger point set, with 257 tree nodes too\n" + RUN_PARAMETERS.format(name="counters")),
+        ("code", "from pathlib import Path\n\n"
+                 "import pandas as pd\n\n"
+                 "from kdtree.bench import counters, plots\n"
+                 "from kdtree.bench.results import save_table\n\n"
+                 "out_dir = str(Path(run_dir or 'results') / 'counters')\n"
+                 "joined, ceilings, source = counters.notebook_inputs(counters_path, out_dir, full, ceilings_path)\n"
+                 "table = counters.compare(joined) if joined is not None else pd.DataFrame(columns=['figure', 'counter'])\n"
+                 "save_table(table, results_path)\n"
+                 "print(source)"),
+        ("md", "## Model against counters, per call"),
+        ("code", "if joined is None:\n"
+                 "    print(counters.NO_GPU)\n"
+                 "else:\n"
+                 "    calls = table[table['launch'] == 'all']\n"
+                 "    plots.table(calls, ['kernel', 'variant', 'batch', 'q_len', 'heads', 'prefix', 'budget', 'splits', 'layout',\n"
+                 "                        'kernel_name', 'figure', 'model', 'counter', 'ratio', 'tolerance', 'flag', 'note'])"),
+        ("md", "## Targets beyond tolerance\n\nThe DRAM bytes and tensor FLOPs (as executed) that miss the "
+               "model, with the counters' own explanation where they have one."),
+        ("code", "if joined is not None:\n"
+                 "    miss = table[table['target'].astype(bool) & (table['flag'] != '') & (table['launch'] == 'all')]\n"
+                 "    print(f'{len(miss)} of {int(table[table.launch == \"all\"].target.astype(bool).sum())} target figures beyond tolerance')\n"
+                 "    plots.table(miss, ['kernel', 'variant', 'figure', 'model', 'counter', 'ratio', 'note'])"),
+        ("md", "## Per launch"),
+        ("code", "if joined is not None:\n"
+                 "    plots.table(joined, ['call', 'launch', 'kernel', 'variant', 'kernel_name', 'duration_us', 'dram_read',\n"
+                 "                         'dram_write', 'l2_read', 'l2_write', 'tensor_flops', 'hmma_active_pct',\n"
+                 "                         'occupancy_pct', 'registers', 'smem_bytes', 'sm_clock_mhz'])"),
+        ("md", "## Hierarchical roofline from counter bytes\n\nOne marker per memory level for each call, as "
+               "Nsight Compute draws it: the same counted FLOP/s at the intensity of each level's bytes."),
+        ("code", "if joined is not None:\n"
+                 "    plots.show(counters.roofline_figure(counters.roofline_points(joined), ceilings,\n"
+                 "                                        'Every profiled call: DRAM and L2 intensity from the counters'))"),
     ],
     "05_moe_verify": [
         ("md", "# The MoE wall: what a draft tree costs on Kimi K2's experts\n\nOne GPU's share of Kimi K2 "

@@ -14,7 +14,7 @@ is its calibration to the DDTree paper (``PAPER_MATH500_QWEN3_8B``), a number is
 accuracy at the same spread, and the breakdowns use the first entry. The drafter's truth is
 the target's greedy continuation along the path each run decodes: greedy decoding's output
 where the run reproduces it (always in float32), the run's own output where a bf16 rounding
-tie parts it from greedy decoding (``lossless`` False; ``kdtree.engine.profile.self_consistent_run``).
+tie parts it from greedy decoding (``lossless`` False; ``kdtree.bench.engine_bench.self_consistent_run``).
 The target has random weights, so only the systems side compares with the paper. Without
 CUDA it runs eagerly in float32 (``--preset tiny`` as a smoke test).
 """
@@ -22,7 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
-from kdtree.engine.profile import engine_tables
+from kdtree.bench.engine_bench import engine_tables
 
 
 def main() -> None:

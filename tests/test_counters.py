@@ -1,6 +1,6 @@
 """The Nsight Compute counter path on CPU: the raw-CSV parser on a small committed H200 export
-(``tests/data/ncu_raw_h200.csv``, 12 launches of ``kdtree profile``'s default points, with the
-calls it recorded in ``ncu_calls_h200.json``), the join to the cost model, the comparison and
+(``tests/data/ncu_h200/counters_raw.csv``: 12 launches of ``kdtree profile``'s default points,
+its columns trimmed to those the parser reads, with the calls it recorded in ``calls.json``), the join to the cost model, the comparison and
 its flags, the hierarchical roofline points, and the clear errors off a GPU host."""
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ import pytest
 from kdtree.bench import counters
 from kdtree.bench.counters import compare, join_model, read_raw_csv, roofline_points
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "data" / "ncu_h200"
 H200_L2 = 60 << 20
 
 
 @pytest.fixture(scope="module")
 def launches():
-    return read_raw_csv(DATA / "ncu_raw_h200.csv")
+    return read_raw_csv(DATA / "counters_raw.csv")
 
 
 @pytest.fixture(scope="module")
 def calls():
-    return json.loads((DATA / "ncu_calls_h200.json").read_text())
+    return json.loads((DATA / "calls.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_parser_converts_units_and_rejects_other_text(tmp_path):
     with pytest.raises(ValueError, match="Kernel Name"):
         read_raw_csv("==PROF== Connected to process\nsome text output\n")
     # an export without the units row still parses (durations in ns)
-    lines = (DATA / "ncu_raw_h200.csv").read_text().splitlines()
+    lines = (DATA / "counters_raw.csv").read_text().splitlines()
     no_units = read_raw_csv("\n".join([lines[0]] + lines[2:]))
     assert no_units["duration_us"].iloc[0] == pytest.approx(54.848)
     assert no_units["dram_read"].iloc[0] == 7_246_080
@@ -129,3 +129,33 @@ def test_points_are_checked_and_profile_needs_a_gpu(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA GPU"):
             counters.profile(pts, tmp_path)
+
+
+def test_an_export_is_joined_again_from_its_sources(tmp_path, joined):
+    again = counters.load_export(DATA, H200_L2)
+    assert again[["kernel_name", "dram_read", "model_dram_read"]].equals(joined[["kernel_name", "dram_read",
+                                                                                "model_dram_read"]])
+    with pytest.raises(ValueError, match="no counters_raw.csv"):
+        counters.load_export(tmp_path)
+    (tmp_path / "counters_raw.csv").write_text((DATA / "counters_raw.csv").read_text())
+    with pytest.raises(ValueError, match="no calls.json"):
+        counters.load_export(tmp_path)
+
+
+def test_diagnosis_carries_the_counters_of_a_profiled_point(joined):
+    from kdtree.bench import roofline
+    from test_models import H200
+
+    timed = pd.DataFrame([{"kernel": "verify_attention", "variant": "fused", "q_len": 33, "prefix": 4096, "batch": 1,
+                           "heads": 64, "mode": "graph", "l2": "cold", "median_us": 70.0},
+                          {"kernel": "verify_attention", "variant": "fused", "q_len": 65, "prefix": 4096, "batch": 1,
+                           "heads": 64, "mode": "graph", "l2": "cold", "median_us": 90.0},
+                          {"kernel": "build", "variant": "gpu_heap", "budget": 64, "batch": 8, "depth": 15, "topk": 64,
+                           "mode": "graph", "l2": "warm", "median_us": 50.0}])
+    run = pd.concat([timed, compare(joined)], ignore_index=True)     # a run's combined table
+    out = roofline.classify(run, H200)
+    assert "counters (ncu, L2 flushed): DRAM 24.7 MB = 1.01x the model" in out.loc[0, "diagnosis"]
+    assert "tensor 19.1 GFLOP = 1.00x the model" in out.loc[0, "diagnosis"]
+    assert "counters" not in out.loc[1, "diagnosis"]                  # not profiled
+    assert "(flagged)" in out.loc[2, "diagnosis"]                     # the heap build's DRAM bytes
+    assert out.loc[3:, "bound"].isna().all()                          # counter rows are not timed points

@@ -12,7 +12,7 @@ from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, PAPER_MATH500_
                            simulate_acceptance, tp_slice, visibility_mask)
 from kdtree.engine.ddtree import DecodeState, _advance, run_phases, start
 from kdtree.engine.model import MoE, SwiGLU, Transformer, rope
-from kdtree.engine.profile import self_consistent_run, step_breakdown, throughput_sweep
+from kdtree.bench.engine_bench import self_consistent_run, step_breakdown, throughput_sweep
 from kdtree.tree import Tree
 
 NEW = 96

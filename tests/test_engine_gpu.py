@@ -10,8 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from kdtree.bench.engine_bench import self_consistent_run, step_breakdown, throughput_sweep
 from kdtree.engine import (SyntheticDrafter, allocate_cache, build_model, chain_tree, generate, get_config,
-                           get_drafter_config, self_consistent_run, step_breakdown, throughput_sweep)
+                           get_drafter_config)
 from kdtree.engine.model import MoE
 
 pytestmark = pytest.mark.gpu
@@ -135,7 +136,7 @@ def test_bf16_ddtree_diverges_only_at_rounding_ties(preset, budget):
                         f"route_flip_layers; route_margin: its smallest k-th vs (k+1)-th routing score gap; "
                         f"route_noise: the routing scores' two-path difference); all: {report}")
     # Acceptance is measured on the self-consistent run (the drafter drafts the path the run
-    # decodes; see kdtree.engine.profile.self_consistent_run): past a divergence, the reference
+    # decodes; see kdtree.bench.engine_bench.self_consistent_run): past a divergence, the reference
     # above drafts for another context.
     run, _, rounds = self_consistent_run(model, prompts, NEW, _drafter(model, ar.tokens), ar.tokens, budget)
     print(f"self-consistent run: tau={run.mean_accepted:.2f} after {rounds} reference rounds")

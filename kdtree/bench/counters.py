@@ -213,7 +213,7 @@ def join_model(launches: pd.DataFrame, calls: list[dict], l2_bytes: float | None
                 raise ValueError(f"launches: {len(launches)} profiled, but call {c} ({call.get('kernel')} "
                                  f"{call.get('variant')}) expects more")
             got = launches.iloc[i].to_dict()
-            if got["kernel_name"] != model["model_kernel"]:
+            if not str(got["kernel_name"]).startswith(model["model_kernel"]):
                 raise ValueError(f"launches: launch {i} is {got['kernel_name']!r}, the model of call {c} "
                                  f"({call.get('kernel')} {call.get('variant')}) expects {model['model_kernel']!r}")
             rows.append({"call": c, "launch": j, **call, **got, **model})
@@ -255,7 +255,7 @@ def compare(joined: pd.DataFrame, per_launch: bool = True) -> pd.DataFrame:
     keys = [c for c in POINT_COLUMNS if c in joined.columns]
     groups = [("all", g) for _, g in joined.groupby("call", sort=True)]
     if per_launch:
-        groups += [(int(r["launch"]), joined.loc[[i]]) for i, r in joined.iterrows()]
+        groups += [(str(int(r["launch"])), joined.loc[[i]]) for i, r in joined.iterrows()]
     rows = []
     for launch, g in groups:
         first = g.iloc[0]
@@ -468,12 +468,124 @@ def profile(points=None, out_dir: str | Path = "results/counters", *, ncu: str |
     return joined
 
 
-def load_counters(path: str | Path) -> pd.DataFrame:
-    """A joined counters table written by :func:`profile` (``counters.parquet`` or its folder)."""
-    from kdtree.bench.results import load_table
+def load_export(folder: str | Path, l2_bytes: float | None = None) -> pd.DataFrame:
+    """Join a profile's export again from its sources: ``counters_raw.csv`` (the ncu raw page)
+    and ``calls.json`` in ``folder`` (the joined table is derived, so a model change shows)."""
+    folder = Path(folder)
+    for name in ("counters_raw.csv", "calls.json"):
+        if not (folder / name).exists():
+            raise ValueError(f"counters_path: {folder} has no {name} (a `kdtree profile --out` folder)")
+    calls = json.loads((folder / "calls.json").read_text())
+    return join_model(read_raw_csv(folder / "counters_raw.csv"), calls, l2_bytes)
 
-    path = Path(path)
-    return load_table(path / "counters" if path.is_dir() else path)
+
+NO_GPU = ("No CUDA GPU or no Nsight Compute (ncu) here: nothing was profiled. On the GPU host this "
+          "notebook runs every kernel under ncu (as `kdtree profile` does) and compares the counters "
+          "with the cost model; give `counters_path` a profile's folder to read one made elsewhere.")
+
+
+def notebook_inputs(counters_path: str = "", out_dir: str | Path = "", full: bool = False,
+                    ceilings_path: str = ""):
+    """What the counters notebook shows: ``(joined, ceilings, source)``.
+
+    With ``counters_path``: that profile folder's export, joined again, and the ceilings saved
+    beside it (``ceilings.json``, else the run's). Otherwise, on a GPU host with ncu: a fresh
+    profile of the default points into ``out_dir``. Otherwise ``joined`` is None and ``source``
+    is :data:`NO_GPU`.
+    """
+    import torch
+
+    from kdtree.bench.ceilings import Ceilings, get_ceilings
+
+    if counters_path:
+        beside = Path(counters_path) / "ceilings.json"
+        ceilings = Ceilings.load(beside) if beside.exists() else get_ceilings(ceilings_path or None, quick=True)
+        return load_export(counters_path, ceilings.l2_bytes), ceilings, f"profile read from {counters_path}"
+    if not torch.cuda.is_available() or find_ncu() is None:
+        return None, get_ceilings(ceilings_path or None, quick=True), NO_GPU
+    ceilings = get_ceilings(ceilings_path or None, quick=True)
+    joined = profile(default_points(quick=not full), out_dir or "results/counters")
+    return joined, ceilings, f"profiled now under ncu into {out_dir}"
+
+
+def counter_notes(table: pd.DataFrame) -> dict:
+    """Short counter summaries keyed like result rows, for the roofline's diagnosis text.
+
+    ``table`` holds :func:`compare` rows (a run's combined table may hold them beside timed
+    rows: those with a ``figure``); keys are (kernel, variant, batch, q_len, heads, prefix) for
+    verify attention and (kernel, variant, batch, budget) for the tree kernels, with the tree
+    benchmark's variant names (``gpu`` for the build's parallel path, ``gpu_heap``).
+    """
+    if table is None or not {"figure", "counter", "launch", "call"} <= set(table.columns):
+        return {}
+    d = table[table["figure"].notna() & (table["launch"].astype(str) == "all")]
+    out = {}
+    for _, g in d.groupby("call", sort=False):
+        first = g.iloc[0]
+        key = _note_key(first.to_dict())
+        if key is None:
+            continue
+        parts = []
+        for fig, label in (("dram_bytes", "DRAM"), ("l2_read", "L2->SM"), ("tensor_flops", "tensor")):
+            r = g[g["figure"] == fig]
+            if len(r):
+                r = r.iloc[0]
+                unit, scale = ("GFLOP", 1e9) if fig == "tensor_flops" else ("MB", 1e6)
+                parts.append(f"{label} {r['counter'] / scale:.3g} {unit} = {r['ratio']:.2f}x the model"
+                             + (" (flagged)" if r["flag"] and r["target"] else ""))
+        out[key] = "counters (ncu, L2 flushed): " + ", ".join(parts)
+    return out
+
+
+_BENCH_VARIANT = {("build_tree", "parallel"): "gpu", ("build_tree", "heap"): "gpu_heap"}
+
+
+def _note_key(row: dict):
+    k = kernel_name(str(row.get("kernel")))
+    variant = str(row.get("variant"))
+    try:
+        if k == "verify_attention":
+            return (k, variant, int(row["batch"]), int(row["q_len"]), int(row["heads"]), int(row["prefix"]))
+        return (k, _BENCH_VARIANT.get((k, variant), variant), int(row["batch"]), int(row["budget"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def note_for_row(notes: dict, row: dict) -> str:
+    """The counter summary for a result row (``""`` when the run profiled no such point)."""
+    if not notes:
+        return ""
+    values = dict(row)
+    if kernel_name(str(values.get("kernel"))) in ("accept_tree", "compact_kv") and values.get("variant") != "gpu":
+        return ""
+    key = _note_key(values)
+    return notes.get(key, "") if key is not None else ""
+
+
+def roofline_figure(points: pd.DataFrame, ceilings, title: str):
+    """The hierarchical roofline as Nsight Compute draws it: the HBM and L2 roofs and the compute
+    roofs of ``ceilings``, and per profiled call one marker per memory level (the counter bytes
+    at that level), joined by a line, at the counted FLOP/s. Calls without FLOPs are left out."""
+    import plotly.graph_objects as go
+
+    from kdtree.bench.plots import label, row_text
+    from kdtree.bench.roofline import ROOF_LABELS, roof_lines
+
+    fig = go.Figure()
+    for roof, g in roof_lines(ceilings).groupby("roof", sort=False):
+        fig.add_trace(go.Scatter(x=g["intensity"], y=g["flops"] / 1e12, mode="lines", name=f"{ROOF_LABELS[roof]} roof",
+                                 line={"color": "gray", "dash": {"hbm": "dash", "l2": "dot"}.get(roof, "solid")}))
+    d = points[points["flops"] > 0]
+    keys = [c for c in POINT_COLUMNS if c in d.columns and d[c].notna().any()]
+    for _, g in d.groupby("call", sort=True):
+        name = row_text(g.iloc[:1], [k for k in keys if k != "kernel"]).iat[0]
+        fig.add_trace(go.Scatter(x=g["intensity"], y=g["achieved_tflops"], mode="lines+markers+text", name=name,
+                                 text=list(g["level"]), textposition="top center",
+                                 marker={"symbol": ["circle" if lv == "DRAM" else "diamond" for lv in g["level"]],
+                                         "size": 9}))
+    fig.update_xaxes(title="FLOP per byte at the level (counters)", type="log")
+    fig.update_yaxes(title="TFLOP/s (counted FLOPs / counted duration)", type="log")
+    return label(fig, title, ceilings, d.assign(l2="flushed", mode="ncu"))
 
 
 if __name__ == "__main__":

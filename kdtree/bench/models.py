@@ -199,20 +199,21 @@ def _spill(read: float, written: float, l2: float) -> float:
 
 
 def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int, impl: str | None,
-          splits: int | None):
+          splits: int | None, layout: str | None = None):
     from kdtree.attention import launch_plan
 
     base = "fused" if variant.startswith("fused") else variant
     if impl is None:
         impl = "mma" if variant == "fused_mma" else "wgmma"
+    kw = {} if layout is None else {"layout": layout}
     return launch_plan(base, batch=batch, nodes=nodes, heads=heads, kv_rows=kv_rows, num_sms=num_sms,
-                       impl=impl, splits=splits)
+                       impl=impl, splits=splits, **kw)
 
 
 def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, prefix: int,
                           tree_visible: float | None = None, kv_rows: int | None = None,
                           num_sms: int = H200_SMS, impl: str | None = None, splits: int | None = None,
-                          l2_bytes: float = H200_L2_BYTES) -> Cost:
+                          layout: str | None = None, l2_bytes: float = H200_L2_BYTES) -> Cost:
     """FLOPs and bytes of one tree-verify MLA attention call, launch by launch.
 
     Parameters
@@ -227,9 +228,9 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         (N + 1) / 2, the causal-mask average; pass the tree's mean depth + 1 when known.
     kv_rows : int, optional
         S, the cache length (default P + N); the launch plan's split count depends on it.
-    num_sms, impl, splits
+    num_sms, impl, splits, layout
         As for ``kdtree.attention.launch_plan`` (``impl`` defaults to ``wgmma``, ``mma`` for
-        ``fused_mma``; ``splits`` forces the recorded split count).
+        ``fused_mma``; ``splits`` and ``layout`` force the recorded plan).
     l2_bytes : float
         L2 capacity: written bytes beyond what fits beside the inputs reach HBM.
 
@@ -272,7 +273,8 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         return Cost(flops, bytes_min, "tensor", (part,),
                     f"no byte model for variant {variant!r}; minimum bytes assumed", float(l2_bytes))
 
-    plan = _plan(variant, B, N, H, S, num_sms, impl, splits)
+    plan = _plan(variant, B, N, H, S, num_sms, impl, splits, layout)
+    # rows_n entries carry their warpgroup split as a suffix (verify_fused_rows_n24...)
     kernel = {"rows_n": "verify_fused_rows_n"}.get(plan.layout,
                                                   "verify_fused_wgmma" if plan.impl == "wgmma" else "verify_fused")
     row_tiles = math.ceil(N * H / plan.tile_rows)       # per sequence; each reads its KV range once
@@ -393,7 +395,7 @@ MODELS = {
 _ARGS = {
     "verify_attention": {"batch": "batch", "nodes": "q_len", "heads": "heads", "prefix": "prefix",
                          "tree_visible": "tree_visible?", "kv_rows": "kv_rows?", "impl": "impl?",
-                         "splits": "splits?"},
+                         "splits": "splits?", "layout": "layout?"},
     "build_tree": {"batch": "batch", "budget": "budget", "depth": "depth", "topk": "topk?"},
     "accept_tree": {"batch": "batch", "budget": "budget", "depth": "depth"},
     "compact_kv": {"batch": "batch", "depth": "depth", "accepted": "accepted?", "moved": "moved?"},
@@ -401,7 +403,7 @@ _ARGS = {
                        "moved": "moved?"},
 }
 _FLOAT_ARGS = ("tree_visible", "accepted", "moved")
-_STR_ARGS = ("impl",)
+_STR_ARGS = {"impl": ("mma", "wgmma"), "layout": ("rows_m", "rows_n")}
 _ALIASES = {"build": "build_tree", "tree_build": "build_tree", "accept": "accept_tree", "compact": "compact_kv",
             "compaction": "compact_kv", "attention": "verify_attention", "verify": "verify_attention"}
 
@@ -416,7 +418,7 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
     """The cost of one result row (a mapping with ``kernel``, ``variant`` and shape columns).
 
     ``q_len`` may be given as ``budget`` (q_len = budget + 1) and ``depth`` defaults to 15.
-    ``impl`` and ``splits`` columns, where a row records them, fix the verify launch plan
+    ``impl``, ``splits`` and ``layout`` columns, where a row records them, fix the verify launch plan
     (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the device's L2 (default
     the H200's). Returns None for kernels without a model.
     """
@@ -435,9 +437,9 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
         optional = col.endswith("?")
         col = col.rstrip("?")
         v = values.get(col)
-        if arg in ("impl", "splits") and not planned:
+        if arg in ("impl", "splits", "layout") and not planned:
             continue
-        if _present(v) and not (arg in _STR_ARGS and v not in ("mma", "wgmma")):
+        if _present(v) and not (arg in _STR_ARGS and v not in _STR_ARGS[arg]):
             kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in _STR_ARGS else int(v)
         elif not optional:
             raise ValueError(f"{kernel} row needs column {col!r} for its cost model; row has {sorted(values)}")

@@ -158,19 +158,27 @@ def classify(df: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
 
     Rows need ``kernel``, ``variant`` (or ``path``), ``mode``, ``l2``, ``median_us`` and the
     shape columns of their kernel's cost model; rows of kernels without a model, and rows without
-    a time, keep NaNs.
+    a time, keep NaNs. Where the table also holds the run's counter comparison
+    (``kdtree.bench.counters.compare`` rows, as a run's combined table does), the diagnosis of
+    each profiled point ends with its counter figures.
     """
     for col in ("kernel", "mode", "l2", "median_us"):
         if col not in df.columns:
             raise ValueError(f"results table needs column {col!r}; it has {list(df.columns)}")
+    from kdtree.bench.counters import counter_notes, note_for_row
+
+    notes = counter_notes(df)            # a run's combined table may hold its counters rows
     rows = []
     for rec in df.to_dict("records"):
         timed = isinstance(rec["median_us"], (int, float)) and math.isfinite(rec["median_us"])
         cost = cost_for_row(rec, ceilings.l2_bytes) if timed else None
         variant = rec.get("variant") if isinstance(rec.get("variant"), str) else rec.get("path", "")
-        rows.append({} if cost is None else
-                    classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"], str(variant),
-                                   str(rec["kernel"])))
+        point = {} if cost is None else classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"],
+                                                       str(variant), str(rec["kernel"]))
+        extra = note_for_row(notes, rec) if point else ""
+        if extra:
+            point["diagnosis"] += f"; {extra}"
+        rows.append(point)
     extra = pd.DataFrame(rows, index=df.index, columns=list(COLUMNS))
     return pd.concat([df.drop(columns=[c for c in COLUMNS if c in df.columns]), extra], axis=1)
 

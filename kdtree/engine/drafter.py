@@ -19,7 +19,7 @@ own path). A drafter that kept drafting the autoregressive continuation past suc
 be drafting for a context the run no longer has, and every acceptance measured after it would
 be meaningless. So in bf16 the drafter's truth is the target's greedy continuation along the
 decoded path, under the verify's numerics: DDTree's own output, which the measurements find by
-iterating to a fixed point (``kdtree.engine.profile.self_consistent_run``).
+iterating to a fixed point (``kdtree.bench.engine_bench.self_consistent_run``).
 
 How the draft distribution is made. The transformer's logits only pick *which* tokens fill the
 ranks (its top-R candidates). The probabilities come from a fixed profile: rank 0 gets

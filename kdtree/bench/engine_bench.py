@@ -1,4 +1,5 @@
-"""Where a decode step's time goes, and what DDTree buys: step breakdowns and throughput sweeps.
+"""The engine's benchmark: where a decode step's time goes, and what DDTree buys (step
+breakdowns and throughput sweeps of ``kdtree.engine``).
 
 ``step_breakdown`` prefills a batch, runs warm-up steps, then times ``steps`` more and returns
 tidy rows (one per phase and timing mode: median and p20/p80 in microseconds). The phases are
