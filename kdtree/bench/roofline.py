@@ -153,21 +153,21 @@ def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, 
     return "; ".join(parts)
 
 
-def classify(df: pd.DataFrame, ceilings: Ceilings) -> pd.DataFrame:
+def classify(df: pd.DataFrame, ceilings: Ceilings, counters: pd.DataFrame | None = None) -> pd.DataFrame:
     """Add the roofline columns (:data:`COLUMNS`) to a tidy results table.
 
     Rows need ``kernel``, ``variant`` (or ``path``), ``mode``, ``l2``, ``median_us`` and the
     shape columns of their kernel's cost model; rows of kernels without a model, and rows without
-    a time, keep NaNs. Where the table also holds the run's counter comparison
-    (``kdtree.bench.counters.compare`` rows, as a run's combined table does), the diagnosis of
-    each profiled point ends with its counter figures.
+    a time, keep NaNs. Where ``counters`` (default: ``df`` itself, as a run's combined table)
+    holds the run's counter comparison (``kdtree.bench.counters.compare`` rows), the diagnosis
+    of each profiled point ends with its counter figures.
     """
     for col in ("kernel", "mode", "l2", "median_us"):
         if col not in df.columns:
             raise ValueError(f"results table needs column {col!r}; it has {list(df.columns)}")
     from kdtree.bench.counters import counter_notes, note_for_row
 
-    notes = counter_notes(df)            # a run's combined table may hold its counters rows
+    notes = counter_notes(df if counters is None else counters)
     rows = []
     for rec in df.to_dict("records"):
         timed = isinstance(rec["median_us"], (int, float)) and math.isfinite(rec["median_us"])
