@@ -153,8 +153,10 @@ def test_cli_passes_the_executor_and_reports_an_interrupted_sweep(monkeypatch, c
     args = build_parser().parse_args(["sweep", "s.yaml", "--executor", "dask", "--scheduler", "tcp://h:8786"])
     assert (args.executor, args.scheduler) == ("dask", "tcp://h:8786")
     assert build_parser().parse_args(["sweep", "s.yaml"]).executor == "local"
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["sweep", "s.yaml", "--executor", "slurm"])
+    assert main(["sweep", "s.yaml", "--executor", "slurm"]) == 2        # a user error: one line, status 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "kdtree: error: argument --executor: invalid choice: 'slurm' (choose from 'local', 'dask') "
+        "(see kdtree sweep --help)"]
 
     seen = {}
 

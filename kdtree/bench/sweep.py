@@ -17,9 +17,14 @@ file runs GPU sizes on a GPU and small sizes in CI. Every point also gets ``resu
 ``run_dir``.
 
 A run lives in ``parameterized_runs/<run-id>/``: ``run.json`` (the plan, each point's status,
-time and error), one executed notebook and one results table per point, and ``results.parquet``
-combining every table. A failing point is retried once, then recorded, and the sweep goes on;
-running again with the same run id skips the points that finished and retries the rest.
+time, error and the files it wrote, with sizes and checksums), one executed notebook and one
+results table per point, and ``results.parquet`` combining every table. Every file is written
+under a unique temporary name and renamed into place, so a killed sweep leaves whole files or
+none. A failing point is retried once, then recorded, and the sweep goes on; running again with
+the same run id re-checks every finished point and runs again each one whose files are missing,
+truncated or changed (saying which and why), and the points that failed or never ran. One sweep
+writes a run at a time (``run.lock``; see :mod:`kdtree.bench.run_folder`), and the sweep file is
+checked whole before anything runs (:mod:`kdtree.bench.sweep_spec`).
 
 Points run on dask.distributed workers, which do placement, retries and progress:
 
@@ -52,14 +57,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
+from kdtree.bench.atomic import atomic_path, write_text
+from kdtree.bench.notebook_run import execute_notebook
 from kdtree.bench.results import load_table, run_metadata, save_table
+from kdtree.bench.run_folder import (MANIFEST, DamagedRun, damage, file_record, latest_run, load_manifest, log,
+                                     point_files, run_lock, write_manifest)
+from kdtree.bench.sweep_spec import load_spec
 
-MANIFEST = "run.json"
+__all__ = ["MANIFEST", "DamagedRun", "Point", "PointFailed", "combine_results", "latest_run", "load_spec", "plan",
+           "read_manifest", "run_sweep", "summary"]
+
 RESULTS = "results"
+CEILINGS = "ceilings.json"
 EXECUTORS = ("local", "dask")
 CONNECT_TIMEOUT = 20.0     # seconds to wait for a Dask scheduler given by address
+# Preloaded by the local cluster's worker processes: Ctrl-C reaches the whole process group, and
+# the sweep (not each worker, with a traceback) records the interrupted points and stops them.
+IGNORE_SIGINT = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
 
 
 @dataclass(frozen=True)
@@ -84,46 +99,6 @@ class PointFailed(Exception):
 
     def __str__(self) -> str:
         return str(self.entry.get("error"))
-
-
-def load_spec(path: str | Path) -> dict:
-    """Read and check a sweep file; returns the spec with ``root`` resolved to a Path.
-
-    Raises
-    ------
-    ValueError
-        When the file lacks ``name`` or ``notebooks``, or an entry is malformed.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"sweep file {path} does not exist")
-    spec = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise ValueError(f"{path}: a sweep file needs a string 'name'")
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", spec["name"]):
-        raise ValueError(f"{path}: name {spec['name']!r} may use letters, digits, '.', '_' and '-' only")
-    entries = spec.get("notebooks")
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{path}: 'notebooks' must be a non-empty list")
-    root = (path.parent / spec.get("root", "..")).resolve()
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict) or "notebook" not in e:
-            raise ValueError(f"{path}: notebooks[{i}] needs a 'notebook' path")
-        unknown = set(e) - {"notebook", "label", "parameters", "grid", "cpu"}
-        if unknown:
-            raise ValueError(f"{path}: notebooks[{i}] has unknown keys {sorted(unknown)}")
-        if not (root / e["notebook"]).exists():
-            raise ValueError(f"{path}: notebooks[{i}]: {root / e['notebook']} does not exist")
-        for key in ("parameters", "grid"):
-            for block in (e, e.get("cpu") or {}):
-                if not isinstance(block.get(key, {}), dict):
-                    raise ValueError(f"{path}: notebooks[{i}].{key} must be a mapping")
-        for k, v in {**e.get("grid", {}), **(e.get("cpu") or {}).get("grid", {})}.items():
-            if not isinstance(v, list) or not v:
-                raise ValueError(f"{path}: notebooks[{i}].grid.{k} must be a non-empty list")
-    spec["root"] = root
-    spec["path"] = path.resolve()
-    return spec
 
 
 def _point_id(label: str, varying: dict, params: dict) -> str:
@@ -171,39 +146,26 @@ def _device_slug(profile: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
 
 
-def _read_manifest(run_dir: Path) -> dict | None:
-    f = run_dir / MANIFEST
-    return json.loads(f.read_text()) if f.exists() else None
-
-
-def _write_manifest(run_dir: Path, manifest: dict) -> None:
-    tmp = run_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    tmp.replace(run_dir / MANIFEST)
-
-
-def latest_run(out_root: str | Path, name: str | None = None) -> Path | None:
-    """The most recently created run directory (of sweep ``name``, if given) under ``out_root``."""
-    runs = {}
-    for d in Path(out_root).glob("*"):
-        m = _read_manifest(d) if d.is_dir() else None
-        if m and (name is None or m.get("sweep") == name):
-            runs[d] = m.get("created", "")
-    return max(runs, key=runs.get) if runs else None
+def _sha(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout: float | None) -> dict:
     """Run one point with papermill, on a worker; returns its manifest entry (status ok).
 
-    The entry also names where it ran (``host``, ``gpu``: the worker's ``CUDA_VISIBLE_DEVICES``,
-    ``worker``: the dask worker's address).
+    The entry names where it ran (``host``, ``gpu``: the worker's ``CUDA_VISIBLE_DEVICES``,
+    ``worker``: the dask worker's address) and records ``files``: the notebook, the results
+    table and, when this point wrote them, the run's ceilings (see :mod:`kdtree.bench.run_folder`).
+    The notebook is written under a temporary name and renamed into place.
 
     Raises
     ------
     PointFailed
-        When the notebook raised or wrote no results; carries the entry (status failed).
+        When the notebook raised or wrote no readable results; carries the entry (status failed).
     """
-    import papermill as pm
     from distributed import get_worker
 
     pkg_root = str(Path(__file__).resolve().parents[2])     # the notebook kernel imports this kdtree
@@ -213,9 +175,8 @@ def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout:
     root = spec["root"]
     rel = run_dir.relative_to(root) if run_dir.is_relative_to(root) else run_dir
     out_nb = run_dir / f"{point.point_id}.ipynb"
-    out_nb.parent.mkdir(parents=True, exist_ok=True)
     results = rel / RESULTS / point.point_id
-    params = {**point.params, "results_path": str(results), "ceilings_path": str(rel / "ceilings.json"),
+    params = {**point.params, "results_path": str(results), "ceilings_path": str(rel / CEILINGS),
               "run_dir": str(rel)}
     try:
         worker = get_worker().address
@@ -225,19 +186,25 @@ def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout:
              "results": str(Path(RESULTS) / point.point_id) + ".parquet",
              "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
              "host": socket.gethostname(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "worker": worker}
+    ceilings_before = _sha(run_dir / CEILINGS)
     t0 = time.perf_counter()
     try:
-        pm.execute_notebook(str(root / point.notebook), str(out_nb), parameters=params, cwd=str(root),
-                            kernel_name=kernel_name, progress_bar=False, log_output=False,
-                            execution_timeout=timeout)
+        with atomic_path(out_nb, keep_on_error=True) as tmp_nb:
+            execute_notebook(str(root / point.notebook), str(tmp_nb), params, cwd=str(root),
+                             kernel_name=kernel_name, timeout=timeout, label=point.point_id)
         if not (run_dir / entry["results"]).exists():
             raise RuntimeError(f"notebook ran but wrote no results at {results}.parquet")
-        entry.update(status="ok", error=None)
+        files = {name: file_record(run_dir / name) for name in point_files(run_dir, entry)}
+        if _sha(run_dir / CEILINGS) not in (None, ceilings_before):
+            files[CEILINGS] = file_record(run_dir / CEILINGS)
+        entry.update(status="ok", error=None, files=files)
     except Exception as exc:  # recorded in the entry; the client records it once retries are spent
         name = getattr(exc, "ename", type(exc).__name__)
         value = getattr(exc, "evalue", str(exc))
         entry.update(status="failed", error=f"{name}: {value}".strip()[:2000],
                      traceback=traceback.format_exc(limit=3)[-2000:])
+        with contextlib.suppress(ValueError, OSError):      # the failed notebook, kept for the report
+            entry["files"] = {entry["output"]: file_record(out_nb)}
     entry["seconds"] = round(time.perf_counter() - t0, 2)
     if entry["status"] == "failed":
         raise PointFailed(entry)
@@ -262,7 +229,7 @@ def local_cluster():
 
     def worker(env: dict) -> dict:
         return {"cls": Nanny, "options": {"nthreads": 1, "memory_limit": 0, "env": env, "dashboard": False,
-                                          "silence_logs": logging.ERROR}}
+                                          "silence_logs": logging.ERROR, "preload": [IGNORE_SIGINT]}}
 
     gpus = visible_gpus()
     workers = {f"gpu{d}": worker({"CUDA_VISIBLE_DEVICES": d}) for d in gpus} or {"cpu": worker({})}
@@ -333,27 +300,78 @@ def _run_points(client, points: list[Point], spec: dict, run_dir: Path, manifest
             except Exception as exc:  # the point never finished: its worker died (KilledWorker) or it was lost
                 entry = {**manifest["points"][p.point_id], "status": "failed",
                          "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            if CEILINGS in entry.get("files", {}):          # the run's ceilings are this point's now
+                for other in manifest["points"].values():
+                    other.get("files", {}).pop(CEILINGS, None)
             manifest["points"][p.point_id] = entry
-            _write_manifest(run_dir, manifest)
+            write_manifest(run_dir, manifest)
             fut.cancel()            # recorded: the cluster forgets it (a lost worker's results are not recomputed)
             bar.set_postfix_str(p.point_id[:50])
             bar.update()
     except KeyboardInterrupt:
         for p in futures.values():                          # submitted, not recorded
             manifest["points"][p.point_id]["status"] = "interrupted"
-        _write_manifest(run_dir, manifest)
+        write_manifest(run_dir, manifest)
+        with contextlib.suppress(Exception):                # best effort: the cluster closes next anyway
+            client.cancel(list(futures), force=True)
         raise
 
 
 def combine_results(run_dir: str | Path) -> pd.DataFrame:
-    """Concatenate the tables of every finished point (columns ``notebook`` and ``point`` added)."""
+    """Concatenate the tables of every finished point (columns ``notebook`` and ``point`` added),
+    each point once. A damaged point (see :func:`read_manifest`) is left out with a warning that
+    names it; ``df.attrs["damaged"]`` maps each one to the reason."""
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
-    frames = []
+    frames, damaged = [], {}
     for pid, e in manifest["points"].items():
-        if e.get("status") == "ok" and (run_dir / e["results"]).exists():
-            frames.append(load_table(run_dir / e["results"]).assign(notebook=Path(e["notebook"]).stem, point=pid))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if e.get("status") == "damaged":
+            damaged[pid] = e["error"]
+        elif e.get("status") == "ok":
+            try:
+                frames.append(load_table(run_dir / e["results"]).assign(notebook=Path(e["notebook"]).stem,
+                                                                       point=pid))
+            except ValueError as exc:
+                damaged[pid] = str(exc)
+    for pid, why in damaged.items():
+        log.warning("run %s: point %s left out: %s", manifest["run_id"], pid, why)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    df.attrs["damaged"] = damaged
+    return df
+
+
+def _whole_points(run_dir: Path, manifest: dict) -> None:
+    """Carry over into ``manifest`` the finished points of the run's earlier ``run.json`` whose
+    files are whole; warn, one line each, about the ones that run again and why."""
+    try:
+        old = load_manifest(run_dir) or {}
+    except DamagedRun as exc:
+        log.warning("%s: no point can be checked, every point runs again", exc)
+        old = {}
+    manifest["created"] = old.get("created", manifest["created"])
+    for pid, e in (old.get("points") or {}).items():
+        if pid not in manifest["points"] or e.get("status") != "ok":
+            continue
+        why = damage(run_dir, e)
+        if why:
+            log.warning("run %s: point %s runs again: %s", manifest["run_id"], pid, why)
+        else:
+            manifest["points"][pid] = e
+
+
+def _save_combined(run_dir: Path, manifest: dict) -> None:
+    """Write ``results.parquet`` (every whole point once) and record it in the manifest; remove
+    it when no point finished."""
+    combined = combine_results(run_dir)
+    names = [f"{RESULTS}{ext}" for ext in (".parquet", ".csv", ".meta.json")]
+    if combined.empty:
+        for name in names:
+            (run_dir / name).unlink(missing_ok=True)
+        manifest.pop("combined", None)
+    else:
+        save_table(combined, run_dir / RESULTS, meta=manifest["metadata"])
+        manifest["combined"] = {name: file_record(run_dir / name) for name in names}
+    write_manifest(run_dir, manifest)
 
 
 def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool = False,
@@ -411,47 +429,64 @@ def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool 
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise ValueError(f"run_id {run_id!r}: use letters, digits, '.', '_' and '-' only")
     run_dir = out_root / run_id
-    old = _read_manifest(run_dir) or {}
-    manifest = {"run_id": run_id, "sweep": spec["name"], "spec_path": str(spec["path"]), "profile": profile,
-                "created": old.get("created", _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")),
+    root = spec["root"]
+    manifest = {"run_id": run_id, "sweep": spec["name"],
+                "spec_path": os.path.relpath(spec["path"], root),      # relative: no machine paths
+                "root": os.path.relpath(root, run_dir.resolve()), "profile": profile,
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "executor": executor if scheduler is None else f"dask {scheduler}", "metadata": run_metadata(),
                 "points": {p.point_id: {"notebook": p.notebook, "params": p.params, "status": "pending"}
                            for p in points}}
-    for pid, e in (old.get("points") or {}).items():
-        if pid in manifest["points"] and e.get("status") == "ok" and (run_dir / e["output"]).exists():
-            manifest["points"][pid] = e
-    todo = [p for p in points if manifest["points"][p.point_id]["status"] != "ok"]
     first = spec["notebooks"][0]["notebook"]        # runs first: the default sweep measures ceilings there
-    waves = [w for w in ([p for p in todo if p.notebook == first], [p for p in todo if p.notebook != first]) if w]
 
-    with sweep_client(executor, scheduler) if todo else contextlib.nullcontext() as client:
+    with contextlib.ExitStack() as stack:
+        # A new run connects to its cluster before its folder exists: a cluster that never
+        # answers leaves nothing behind. An existing run is checked (under its lock) first.
+        client = None if run_dir.exists() else stack.enter_context(sweep_client(executor, scheduler))
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "sweep.yaml").write_text(spec["path"].read_text())
-        _write_manifest(run_dir, manifest)
+        stack.enter_context(run_lock(run_dir))
+        _whole_points(run_dir, manifest)
+        todo = [p for p in points if manifest["points"][p.point_id]["status"] != "ok"]
+        if todo and client is None:
+            client = stack.enter_context(sweep_client(executor, scheduler))
+        write_text(run_dir / "sweep.yaml", spec["path"].read_text())
+        write_manifest(run_dir, manifest)
+        waves = [w for w in ([p for p in todo if p.notebook == first], [p for p in todo if p.notebook != first]) if w]
         bar = tqdm(total=len(todo), desc=f"sweep {run_id}", unit="point", disable=not progress)
         try:
             for wave in waves:
                 _run_points(client, wave, spec, run_dir, manifest, bar, kernel_name, timeout)
         finally:
             bar.close()
-            combined = combine_results(run_dir)
-            if not combined.empty:
-                save_table(combined, run_dir / "results", meta=manifest["metadata"])
+            _save_combined(run_dir, manifest)
     return run_dir
 
 
 def summary(run_dir: str | Path) -> dict:
-    """Counts of ok / failed / pending points and the failures (point id -> error)."""
+    """Counts of ok / failed / damaged / pending points and the failures (point id -> error)."""
     manifest = read_manifest(run_dir)
     status = pd.Series({pid: e.get("status", "pending") for pid, e in manifest["points"].items()})
     return {"run_id": manifest["run_id"], "counts": status.value_counts().to_dict(),
             "failures": {pid: e.get("error") for pid, e in manifest["points"].items()
-                         if e.get("status") in ("failed", "interrupted")}}
+                         if e.get("status") in ("failed", "interrupted", "damaged")}}
 
 
 def read_manifest(run_dir: str | Path) -> dict:
-    """The ``run.json`` of a run directory."""
-    manifest = _read_manifest(Path(run_dir))
+    """The ``run.json`` of a run directory, every finished point checked: a point whose files
+    are not whole gets status ``damaged`` and the reason as its ``error``.
+
+    Raises
+    ------
+    DamagedRun
+        When the folder has no ``run.json`` or it is unreadable (a ``ValueError``).
+    """
+    run_dir = Path(run_dir)
+    manifest = load_manifest(run_dir)
     if manifest is None:
-        raise ValueError(f"{run_dir} is not a sweep run (no {MANIFEST})")
+        raise DamagedRun(f"{run_dir} is not a sweep run (no {MANIFEST})")
+    for e in manifest["points"].values():
+        why = damage(run_dir, e)
+        if why:
+            was = f"; the point had failed: {e.get('error')}" if e.get("status") == "failed" else ""
+            e.update(status="damaged", error=f"{why}{was}")
     return manifest
