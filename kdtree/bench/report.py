@@ -26,7 +26,7 @@ from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.plots import row_text
 from kdtree.bench.roofline import COLUMNS as ROOF_COLUMNS
 from kdtree.bench.roofline import classify
-from kdtree.bench.sweep import combine_results, read_manifest, summary
+from kdtree.bench.sweep import DamagedRun, combine_results, read_manifest, summary
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PLOTLY_JS = "plotly.min.js"
@@ -111,11 +111,30 @@ def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, Ceilings, dict]:
     and its manifest."""
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
-    if not (run_dir / "ceilings.json").exists():
-        raise ValueError(f"{run_dir}: no ceilings.json (did the ceilings notebook run?)")
-    ceilings = Ceilings.load(run_dir / "ceilings.json")
-    df = _timed(combine_results(run_dir))
+    ceilings = run_ceilings(run_dir)
+    df = _timed(combine_results(run_dir))                   # damaged points are named and left out
     return (classify(df, ceilings) if not df.empty else df), ceilings, manifest
+
+
+def run_ceilings(run_dir: str | Path) -> Ceilings:
+    """The ceilings a run measured (its ``ceilings.json``).
+
+    Raises
+    ------
+    DamagedRun
+        A ``ValueError`` saying what to do, when the file is missing, empty or unreadable.
+    """
+    f = Path(run_dir) / "ceilings.json"
+    name = Path(run_dir).resolve().name
+    if not f.exists():
+        raise DamagedRun(f"run {name}: no ceilings.json (its ceilings notebook has not finished); "
+                         "resume the sweep to measure them")
+    try:
+        return Ceilings.load(f)
+    except (ValueError, TypeError, AttributeError) as exc:
+        why = "empty" if not f.read_text().strip() else " ".join(str(exc).split())[:200]
+        raise DamagedRun(f"run {name}: ceilings.json is unreadable ({why}); resume the sweep "
+                         "(same run id) to measure the ceilings again") from None
 
 
 def _timed(df: pd.DataFrame) -> pd.DataFrame:
@@ -174,6 +193,7 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
 
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
+    run_ceilings(run_dir)                                   # refuse a run without readable ceilings now
     run_id = manifest["run_id"]
     reports_root = Path(reports_root)
     out = reports_root / run_id
