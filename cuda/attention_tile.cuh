@@ -68,6 +68,38 @@ __device__ __forceinline__ FusedBlock fused_block(const int* prefix_lens, int S,
   return k;
 }
 
+// The block's Q rows (rows at or past q_valid zero-filled) and the first KV tile of its split,
+// as one cp.async group; nothing when the split has no tiles.
+__device__ __forceinline__ void fused_load_first(att_u32 sQ, att_u32 sKV, const att_bf16* __restrict__ q,
+                                                 const att_bf16* __restrict__ kvb,
+                                                 const FusedBlock& k, int q_valid, int tid) {
+  if (k.kt0 < k.kt1) {
+    fused_load_rows<FUSED_BM>(sQ, q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK, q_valid, tid);
+    const int t0 = k.lo + k.kt0 * FUSED_BN;
+    fused_load_rows<FUSED_BN>(sKV, kvb + (size_t)t0 * ATT_D_QK, k.hi - t0, tid);
+    att_cp_async_commit();
+  }
+}
+
+// Top of the tile loop: wait for tile kt, synchronise the block (every warp is done with tile
+// kt - 1), then prefetch tile kt + 1 into the other stage. ASYNC_PROXY: the tile is read by wgmma,
+// so the cp.async writes are fenced for the async proxy first. Returns tile kt's stage.
+template <bool ASYNC_PROXY>
+__device__ __forceinline__ att_u32 fused_next_tile(att_u32 sKV, const att_bf16* kvb, const FusedBlock& k, int kt,
+                                                   int tid) {
+  const att_u32 sK = sKV + ((kt - k.kt0) & 1) * FUSED_SMEM_KV;
+  att_cp_async_wait_all();
+  if (ASYNC_PROXY) att_fence_proxy_async();
+  __syncthreads();
+  if (kt + 1 < k.kt1) {
+    const int t1 = k.lo + (kt + 1) * FUSED_BN;
+    fused_load_rows<FUSED_BN>(sKV + ((kt + 1 - k.kt0) & 1) * FUSED_SMEM_KV, kvb + (size_t)t1 * ATT_D_QK, k.hi - t1,
+                              tid);
+    att_cp_async_commit();
+  }
+  return sK;
+}
+
 // The visibility row of the query of tile row r (padding rows past N * H use the last query).
 __device__ __forceinline__ const long long* fused_vis_row(const long long* vis, const FusedBlock& k, int N, int H,
                                                           int W, int r) {

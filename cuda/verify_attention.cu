@@ -87,7 +87,7 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
       for (int e = 0; e < 4; ++e) o[mt][nt][e] = 0.f;
   float m_lo = ATT_NEG_INF, m_hi = ATT_NEG_INF, l_lo = 0.f, l_hi = 0.f;
 
-  if (k.kt0 < k.kt1) {
+  if (k.kt0 < k.kt1) {  // (fused_load_first, written out: through the helper ptxas spills 4 bytes here)
     fused_load_rows<FUSED_BM>(sQ, q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK, k.NH - k.g0, tid);
     const int t0 = k.lo + k.kt0 * FUSED_BN;
     fused_load_rows<FUSED_BN>(sKV, kvb + (size_t)t0 * ATT_D_QK, k.hi - t0, tid);
@@ -95,15 +95,8 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
   }
 
   for (int kt = k.kt0; kt < k.kt1; ++kt) {
-    const att_u32 sK = sKV + ((kt - k.kt0) & 1) * FUSED_SMEM_KV;
-    att_cp_async_wait_all();
-    __syncthreads();  // tile kt landed; every warp is done with tile kt - 1 (its stage, P, alpha)
-    if (kt + 1 < k.kt1) {
-      const int t1 = k.lo + (kt + 1) * FUSED_BN;
-      fused_load_rows<FUSED_BN>(sKV + ((kt + 1 - k.kt0) & 1) * FUSED_SMEM_KV, kvb + (size_t)t1 * ATT_D_QK,
-                                k.hi - t1, tid);
-      att_cp_async_commit();
-    }
+    // tile kt landed; every warp is done with tile kt - 1 (its stage, P, alpha)
+    const att_u32 sK = fused_next_tile<false>(sKV, kvb, k, kt, tid);
 
     // S = Q K^T for rows r_lo/r_hi x columns 32 * ng .. +31 (four n8 tiles). The fragments of
     // k-step ks + 1 are loaded before the mma of step ks (two register sets).

@@ -9,14 +9,15 @@ Variants (all selectable by name, see ``verify_attention``):
 * ``naive``: one CUDA block per (sequence, query, head), re-reading the latent rows per head.
 * ``cascade``: the fused kernel over the prefix only (split across SMs), again over the tree rows
   only, then an lse merge: the two-pass scheme serving stacks use.
-* ``fused``: one pass over each latent row per tile of 64 (query, head) rows on bf16 tensor cores,
+* ``fused``: one pass over each latent row per tile of (query, head) rows on bf16 tensor cores,
   the ancestor mask applied in the same pass, long prefixes split across SMs and merged. On
-  sm_90 with nvcc it runs the wgmma kernel (``cuda/verify_attention_wgmma.cu``, sm_90a);
-  elsewhere the mma.sync kernel (``cuda/verify_attention.cu``, NVRTC); see ``fused_impl``.
+  sm_90 with nvcc it runs the wgmma kernel (sm_90a) with the rows on the tile's M dimension, 64
+  per block (``cuda/verify_attention_wgmma.cu``); elsewhere the mma.sync kernel
+  (``cuda/verify_attention.cu``, NVRTC). A transposed wgmma kernel (KV tokens on M, the rows on N
+  in 8-row groups: ``cuda/verify_attention_rows_n.cu``) runs when ``launch_plan`` is told
+  ``layout="rows_n"``; measured slower, it is never chosen by default. ``launch_plan`` says what
+  runs, per shape.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
-
-``selfcheck()`` runs every CUDA variant on small cases against the float64 reference
-(``tests/sanitize_attention.py`` runs it under compute-sanitizer for the GPU tests).
 """
 from __future__ import annotations
 
@@ -41,13 +42,18 @@ CUDA_VARIANTS = ("naive", "cascade", "fused")
 
 _SRC = "verify_attention"
 _SRC_WGMMA = "verify_attention_wgmma"
+_SRC_ROWS_N = "verify_attention_rows_n"
 FUSED_IMPLS = ("mma", "wgmma")
+LAYOUTS = ("rows_m", "rows_n")
 _FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/attention_tile.cuh
 _FUSED_THREADS = 256
-# Q tile + two KV stages + P tile + 3 x BM floats of row statistics + 1024 B of base alignment
-# (FUSED_SMEM_BYTES).
-_FUSED_SMEM = ((_FUSED_BM + 2 * _FUSED_BN) * D_QK * 2 + _FUSED_BM * _FUSED_BN * 2 + 3 * _FUSED_BM * 4
-               + 1024)
+_TILE_BYTES = (_FUSED_BM + 2 * _FUSED_BN) * D_QK * 2 + _FUSED_BM * _FUSED_BN * 2  # Q, two KV stages, P
+# + 3 x BM floats of row statistics + 1024 B of base alignment (FUSED_SMEM_BYTES).
+_FUSED_SMEM = _TILE_BYTES + 3 * _FUSED_BM * 4 + 1024
+# rows_n (cuda/verify_attention_rows_n.cu): the same tiles + [2 warpgroups][4 warps][32 rows] floats
+# (RN_SMEM_BYTES); a block holds at most 64 rows, in 8-row groups.
+_RN_SMEM = _TILE_BYTES + 2 * 4 * 32 * 4 + 1024
+_RN_MAX_ROWS = 64
 _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634
 
@@ -192,19 +198,42 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int) -> int:
     return best
 
 
-def _launch_fused(impl, q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode, scale_log2):
+def rows_n_tile(rows: int) -> int:
+    """Rows per block of the ``rows_n`` layout for a sequence of ``rows`` (node x head) rows.
+
+    The fewest blocks of at most 64 rows, evened out and rounded up to a multiple of 8.
+    """
+    tiles = -(-rows // _RN_MAX_ROWS)
+    per_tile = -(-rows // tiles)
+    return 8 * -(-per_tile // 8)
+
+
+def _rows_n_kernel(tile_rows: int) -> str:
+    """The rows_n kernel entry for a tile: ``verify_fused_rows_n<NW>``, NW = warpgroup 0's rows."""
+    groups = tile_rows // 8
+    return f"verify_fused_rows_n{8 * -(-groups // 2)}"
+
+
+def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode,
+                  scale_log2):
     from kdtree.kernels import launch, ptr
 
     B, N, H, _ = q.shape
-    fn = (_kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc") if impl == "wgmma"
-          else _kernel("verify_fused", _index(q.device)))
-    grid = (-(-(N * H) // _FUSED_BM), splits, B)
     null = np.uint64(0)
     args = (ptr(q), ptr(kv), ptr(pl), ptr(vis), ptr(out), ptr(lse),
             ptr(o_part) if o_part is not None else null, ptr(lse_part) if lse_part is not None else null,
             np.int32(B), np.int32(kv.shape[1]), np.int32(N), np.int32(H), np.int32(vis.shape[2]),
-            np.int32(splits), np.int32(slot0), np.int32(mode), np.float32(scale_log2))
-    launch(fn, grid, (_FUSED_THREADS,), args, shared_mem=_FUSED_SMEM, device=q.device)
+            np.int32(splits), np.int32(slot0), np.int32(mode))
+    grid = (-(-(N * H) // tile_rows), splits, B)
+    if layout == "rows_n":
+        fn = _kernel(_rows_n_kernel(tile_rows), _index(q.device), _SRC_ROWS_N, "nvcc")
+        launch(fn, grid, (_FUSED_THREADS,), args + (np.int32(tile_rows), np.float32(scale_log2)),
+               shared_mem=_RN_SMEM, device=q.device)
+        return
+    fn = (_kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc") if impl == "wgmma"
+          else _kernel("verify_fused", _index(q.device)))
+    launch(fn, grid, (_FUSED_THREADS,), args + (np.float32(scale_log2),), shared_mem=_FUSED_SMEM,
+           device=q.device)
 
 
 def _launch_combine(o_part, lse_part, out, lse):
@@ -227,9 +256,12 @@ class LaunchPlan:
     impl : str
         The fused kernel (``wgmma`` or ``mma``); ``naive`` for the naive kernel.
     layout : str
-        ``rows_m``: (tree row x head) rows on the tensor tile's M dimension, padded to ``tile_rows``.
+        ``rows_m``: (tree row x head) rows on the tensor tile's M dimension, 64 per block;
+        ``rows_n`` (wgmma, forced only): KV tokens on M and the rows on N, up to 64 per block in
+        8-row groups (``cuda/verify_attention_rows_n.cu``).
     tile_rows : int
-        Rows per tensor tile; a sequence's ``nodes x heads`` rows are computed in multiples of it.
+        Rows computed per block (per tile), padding included; a sequence's ``nodes x heads`` rows
+        take ``ceil(nodes x heads / tile_rows)`` blocks, each reading the KV once.
     splits : int
         KV splits of the (prefix) pass; above 1 each split writes fp32 partials that a combine reads.
     partial_slots : int
@@ -248,7 +280,7 @@ class LaunchPlan:
 
 
 def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int,
-                impl: str = "wgmma", splits: int | None = None) -> LaunchPlan:
+                impl: str = "wgmma", splits: int | None = None, layout: str | None = None) -> LaunchPlan:
     """The launch plan of a CUDA verify-attention call, computed on the host without a GPU.
 
     Parameters
@@ -265,6 +297,11 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         The fused kernel, ``wgmma`` or ``mma`` (see ``fused_impl``).
     splits : int, optional
         Force the KV split count (default: ``choose_splits``).
+    layout : str, optional
+        Force ``rows_m`` or ``rows_n`` (``fused`` on wgmma only). The default is ``rows_m``
+        everywhere: on an H200 the rows_n kernel costs about 1.4x rows_m's time per KV tile at
+        every row count it supports, and it needs as many blocks, so it lost at every measured
+        shape, the padded H = 8, N = 9 one included (docs/perf_log.md, verify_attention v4).
 
     Returns
     -------
@@ -276,19 +313,27 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         raise ValueError(f"variant: expected naive, cascade or fused, got {variant!r}")
     if impl not in FUSED_IMPLS:
         raise ValueError(f"impl: expected one of {FUSED_IMPLS}, got {impl!r}")
-    blocks = -(-(nodes * heads) // _FUSED_BM) * batch
-    rows = kv_rows if variant == "fused" else kv_rows - nodes
-    s = splits or choose_splits(blocks, rows, num_sms)
+    if layout not in (None,) + LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    if layout == "rows_n" and (impl != "wgmma" or variant != "fused"):
+        raise ValueError("layout: 'rows_n' runs only the fused variant on the wgmma kernel")
+    rows = nodes * heads
+    tile = rows_n_tile(rows) if layout == "rows_n" else _FUSED_BM
+    layout = layout or "rows_m"
+    blocks = -(-rows // tile) * batch
+    kv = kv_rows if variant == "fused" else kv_rows - nodes
+    s = splits or choose_splits(blocks, kv, num_sms)
     if variant == "fused":
-        return LaunchPlan("fused", impl, "rows_m", _FUSED_BM, s, s if s > 1 else 0, 2 if s > 1 else 1)
-    return LaunchPlan("cascade", impl, "rows_m", _FUSED_BM, s, s + 1, 3)
+        return LaunchPlan("fused", impl, layout, tile, s, s if s > 1 else 0, 2 if s > 1 else 1)
+    return LaunchPlan("cascade", impl, layout, tile, s, s + 1, 3)
 
 
-def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, impl=None):
+def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, impl=None, layout=None):
     """Launch a CUDA variant into ``out``/``lse`` following ``launch_plan``.
 
     ``splits`` overrides the KV split heuristic, ``impl`` (``"mma"``/``"wgmma"``) the fused kernel
-    that ``fused`` and ``cascade`` run (default: ``fused_impl`` of the device).
+    that ``fused`` and ``cascade`` run (default: ``fused_impl`` of the device), ``layout``
+    (``"rows_m"``/``"rows_n"``) the fused kernel's layout.
     """
     from kdtree.kernels import launch, ptr
 
@@ -304,18 +349,19 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
                                        np.float32(scale_log2)), device=q.device)
         return
     plan = launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=S, num_sms=_num_sms(_index(q.device)),
-                       impl=impl or fused_impl(_index(q.device)), splits=splits)
+                       impl=impl or fused_impl(_index(q.device)), splits=splits, layout=layout)
     s = plan.splits
+    kern = (plan.impl, plan.layout, plan.tile_rows, q, kv, pl, vis, out, lse)
     if plan.partial_slots == 0:
-        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, None, None, 1, 0, 0, scale_log2)
+        _launch_fused(*kern, None, None, 1, 0, 0, scale_log2)
         return
     o_part = torch.empty((plan.partial_slots, B, N * H, D_V), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((plan.partial_slots, B, N * H), dtype=torch.float32, device=q.device)
     if variant == "fused":
-        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 0, scale_log2)
+        _launch_fused(*kern, o_part, lse_part, s, 0, 0, scale_log2)
     else:  # cascade: prefix pass (split), tree pass, merge
-        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, o_part, lse_part, s, 0, 1, scale_log2)
-        _launch_fused(plan.impl, q, kv, pl, vis, out, lse, o_part, lse_part, 1, s, 2, scale_log2)
+        _launch_fused(*kern, o_part, lse_part, s, 0, 1, scale_log2)
+        _launch_fused(*kern, o_part, lse_part, 1, s, 2, scale_log2)
     _launch_combine(o_part, lse_part, out, lse)
 
 
@@ -371,7 +417,7 @@ def verify_attention(q, kv, prefix_lens, tree, scale, variant="auto", *, out=Non
     return out
 
 
-# ---- small random cases (tests, selfcheck, benchmark) ----
+# ---- helpers the benchmark (kdtree.bench.attention_bench) shares with the tests ----
 
 def random_parents(B: int, N: int, num_nodes, gen: torch.Generator) -> torch.Tensor:
     """Random tree parents [B, N] (a parent precedes its child; -1 for root and padding)."""
@@ -381,23 +427,6 @@ def random_parents(B: int, N: int, num_nodes, gen: torch.Generator) -> torch.Ten
         for i in range(1, n):
             parents[b, i] = int(torch.randint(0, i, (1,), generator=gen))
     return parents
-
-
-def random_case(B, N, H, prefix_lens, gen, device="cpu", extra=0, num_nodes=None):
-    """Random (q, kv, prefix_lens, tree) with S = max(prefix) + N + extra; N(0, 1) bf16 values."""
-    pl = torch.as_tensor(prefix_lens, dtype=torch.int32)
-    nn = torch.full((B,), N) if num_nodes is None else torch.as_tensor(num_nodes)
-    tree = Tree.from_parents(random_parents(B, N, nn, gen))
-    S = int(pl.max()) + N + extra
-    q = torch.randn(B, N, H, D_QK, generator=gen).to(torch.bfloat16)
-    kv = torch.randn(B, S, D_QK, generator=gen).to(torch.bfloat16)
-    return q.to(device), kv.to(device), pl.to(device), tree_to(tree, device)
-
-
-def tree_to(tree: Tree, device) -> Tree:
-    """The same tree with every tensor on ``device``."""
-    return Tree(tree.tokens.to(device), tree.parents.to(device), tree.depth.to(device),
-                tree.num_nodes.to(device), tree.visibility.to(device), tree.draft_depth)
 
 
 def errors(out, lse, ref_out, ref_lse):
@@ -411,39 +440,3 @@ def errors(out, lse, ref_out, ref_lse):
     if bool(torch.isnan(o).any()) or bool(torch.isnan(l).any()):
         rel = float("nan")
     return rel, lse_err, same_inf
-
-
-def available_impls() -> tuple:
-    """Fused kernels to exercise here (``mma`` always; ``wgmma`` when ``fused_impl`` picks it)."""
-    return ("mma", "wgmma") if fused_impl(torch.cuda.current_device()) == "wgmma" else ("mma",)
-
-
-def selfcheck(variants=CUDA_VARIANTS, impls=None) -> bool:
-    """Run CUDA variants (forced split counts too) on small cases vs float64; print, return ok.
-
-    ``impls`` are the fused kernels that ``fused`` and ``cascade`` run (default: all available).
-    """
-    gen = torch.Generator().manual_seed(1)
-    cases = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),  # 2 mask words, empty prefix, padding rows
-             (1, 9, 16, [300], None)]
-    ok = True
-    for B, N, H, pls, nn in cases:
-        q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
-        scale = 1 / math.sqrt(192)
-        ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), scale)
-        runs = [("naive", None, None)] if "naive" in variants else []
-        for i in impls or available_impls():
-            runs += [("fused", s, i) for s in (None, 1, 3)] if "fused" in variants else []
-            runs += [("cascade", None, i)] if "cascade" in variants else []
-        for v, splits, impl in runs:
-            o = (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"),
-                 torch.full((B, N, H), float("nan"), device="cuda"))
-            _run_cuda(v, q, kv, pl, tree, scale, o[0], o[1], splits=splits, impl=impl)
-            torch.cuda.synchronize()
-            rel, le, inf_ok = errors(*o, *ref)
-            good = rel <= 1e-2 and le <= 1e-3 and inf_ok
-            ok &= good
-            print(f"{v:8s} {impl or '':5s} B={B} N={N} H={H} splits={splits}: rel={rel:.2e} lse={le:.2e} "
-                  f"{'ok' if good else 'FAIL'}")
-    return ok
-

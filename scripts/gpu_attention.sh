@@ -6,6 +6,7 @@
 #   SANITIZE="rows_n wgmma mma"  kernels to sanitize, in order (default: all three)
 #   BUDGET=420                   seconds; a step that would start past it is skipped (and says so)
 #   DEV_ARGS=--splits            extra arguments of attention_dev.py
+#   TESTS_K="not sanitizer"      pytest -k expression of the GPU tests
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -38,7 +39,7 @@ for kernel in ${SANITIZE:-rows_n wgmma mma}; do
 done
 grep -c FAIL "$OUT/sanitizer.log" | sed 's/^/sanitizer FAIL lines: /'
 if have 60 "GPU tests"; then
-  timeout $((BUDGET - SECONDS)) python3 -m pytest -q -m gpu -k "not sanitizer" tests/test_attention.py \
+  timeout $((BUDGET - SECONDS)) python3 -m pytest -q -m gpu -k "${TESTS_K:-not sanitizer}" tests/test_attention.py \
     > "$OUT/gpu_tests.log" 2>&1
   grep -E "FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -15
 fi

@@ -1,9 +1,18 @@
 """Small run of every verify_attention CUDA variant, for compute-sanitizer (test_attention.py).
 
-    python tests/sanitize_attention.py [mma|wgmma ...]   (default: every fused kernel available)
+    python tests/sanitize_attention.py [mma|wgmma|rows_n ...]   (default: every fused kernel available)
+
+``mma`` and ``wgmma`` select those kernels in the rows_m layout (naive and cascade run too);
+``rows_n`` the wgmma kernel in the rows_n layout (fused only).
 """
+import os
 import sys
 
-from kdtree.attention import selfcheck
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-sys.exit(0 if selfcheck(impls=tuple(sys.argv[1:]) or None) else 1)
+from attention_cases import available_kernels, selfcheck  # noqa: E402
+
+NAMES = {"mma": ("mma", "rows_m"), "wgmma": ("wgmma", "rows_m"), "rows_n": ("wgmma", "rows_n")}
+picked = tuple(NAMES[a] for a in sys.argv[1:])
+variants = ("fused",) if picked and all(k[1] == "rows_n" for k in picked) else ("naive", "cascade", "fused")
+sys.exit(0 if selfcheck(variants, kernels=picked or available_kernels()) else 1)

@@ -14,11 +14,12 @@ import pytest
 import torch
 
 import kdtree
-from kdtree.attention import (D_QK, D_V, FUSED_IMPLS, available_impls, choose_splits, errors, random_case,
-                              reference_attention, tree_to, verify_attention, _run_cuda)
+import kdtree.kernels
+from attention_cases import LSE_TOL, REL_TOL, available_kernels, random_case, tree_to
+from kdtree.attention import (D_QK, D_V, choose_splits, errors, launch_plan, reference_attention,
+                              rows_n_tile, verify_attention, _run_cuda)
 from kdtree.tree import Tree
 
-REL_TOL, LSE_TOL = 1e-2, 1e-3
 SCALE = 1 / math.sqrt(192)
 
 # (B, N, H, prefix lengths, real nodes per sequence or None for all N)
@@ -173,6 +174,71 @@ def test_choose_splits():
     assert choose_splits(blocks=1, kv_rows=10, num_sms=132) == 1          # one tile: nothing to split
 
 
+def test_rows_n_tile():
+    """Fewest blocks of at most 64 rows, evened out, 8-row groups; never more than rows_m's."""
+    for rows in range(1, 3000):
+        t = rows_n_tile(rows)
+        blocks = -(-rows // t)
+        assert t % 8 == 0 and 8 <= t <= 64 and blocks == -(-rows // 64)
+        assert blocks * t - rows < 8 * blocks  # under one 8-row group of padding per block
+    assert rows_n_tile(72) == 40 and rows_n_tile(8) == 8 and rows_n_tile(520) == 64
+
+
+@pytest.mark.parametrize("heads, nodes, batch, rows_n_tile_rows", [
+    (8, 9, 64, 40),     # 72 rows: 2 x 40 instead of 2 x 64
+    (8, 17, 8, 48),     # 136 rows: 3 x 48 instead of 3 x 64
+    (8, 65, 8, 64),     # 520 rows: 9 x 64 either way
+    (16, 33, 8, 64),
+    (64, 33, 1, 64),    # H = 64: whole 64-row tiles
+    (64, 129, 4, 64),
+])
+@pytest.mark.parametrize("layout", [None, "rows_m", "rows_n"])
+def test_launch_plan_layout(layout, heads, nodes, batch, rows_n_tile_rows):
+    """rows_m by default (measured faster everywhere); rows_n forced computes fewer padded rows
+    in as many blocks; splits follow choose_splits over the plan's blocks."""
+    p = launch_plan("fused", batch=batch, nodes=nodes, heads=heads, kv_rows=16384 + nodes, num_sms=132,
+                    layout=layout)
+    tile = rows_n_tile_rows if layout == "rows_n" else 64
+    assert (p.layout, p.tile_rows) == (layout or "rows_m", tile)
+    blocks = -(-(nodes * heads) // tile) * batch
+    assert blocks == -(-(nodes * heads) // 64) * batch
+    assert p.splits == choose_splits(blocks, 16384 + nodes, 132)
+    assert p.partial_slots == (p.splits if p.splits > 1 else 0) and p.launches == (2 if p.splits > 1 else 1)
+
+
+def test_launch_plan_rows_n_only_where_it_runs():
+    """rows_n is a wgmma kernel of the fused variant: never planned for mma or cascade."""
+    kw = dict(batch=64, nodes=9, heads=8, kv_rows=4096, num_sms=132)
+    assert launch_plan("fused", impl="mma", **kw).layout == "rows_m"
+    assert launch_plan("fused", impl="wgmma", layout="rows_n", **kw).layout == "rows_n"
+    c = launch_plan("cascade", **kw)
+    assert (c.layout, c.tile_rows, c.partial_slots, c.launches) == ("rows_m", 64, c.splits + 1, 3)
+    assert launch_plan("fused", layout="rows_m", **kw).tile_rows == 64
+    with pytest.raises(ValueError, match="layout: 'rows_n' runs only"):
+        launch_plan("fused", impl="mma", layout="rows_n", **kw)
+    with pytest.raises(ValueError, match="layout: 'rows_n' runs only"):
+        launch_plan("cascade", layout="rows_n", **kw)
+    with pytest.raises(ValueError, match="layout: expected one of"):
+        launch_plan("fused", layout="cols", **kw)
+
+
+@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n"])
+def test_wgmma_kernels_keep_registers(name, tmp_path):
+    """ptxas for sm_90a: no spills, and no wgmma serialised for want of registers (C7511)."""
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not os.path.exists(nvcc):
+        pytest.skip("nvcc not installed")
+    src = tmp_path / f"{name}.cu"
+    src.write_text(kdtree.kernels.read_source(name))
+    res = subprocess.run([nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
+                          "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(src)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    entries = res.stderr.count("Compiling entry function")
+    assert entries >= 1 and res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == entries, res.stderr
+    assert "C7511" not in res.stderr and "C7510" not in res.stderr, res.stderr
+
+
 # ---------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu
@@ -192,38 +258,69 @@ def test_variant_matches_reference(variant, case, gen):
 
 
 def _need_impl(impl):
-    if impl not in available_impls():
+    if impl not in {i for i, _ in available_kernels()}:
         pytest.skip(f"the {impl} kernel is not selected (KDTREE_FUSED_IMPL={impl} opts in; sm_90 + nvcc)")
+
+
+# rows_n at new shapes: every head count, odd N, padding nodes, empty and ragged prefixes, a
+# 9-word mask (N = 513), blocks of 8 to 64 rows.
+RN_CASES = [
+    (64, 9, 8, [4096] * 32 + [0] * 16 + [77] * 16, None),  # H = 8, N = 9: 2 blocks of 40 rows
+    (3, 17, 16, [0, 300, 129], [17, 9, 1]),               # 272 rows, padding nodes, empty prefix
+    (2, 33, 32, [1000, 64], [20, 33]),                    # 1056 rows: 17 blocks of 64 (last 32)
+    (1, 3, 64, [513], None),                              # 192 rows, H = 64
+    (2, 513, 8, [40, 0], [513, 300]),                     # 9 mask words, 4104 rows
+    (4, 1, 8, [0, 1, 63, 64], None),                      # 8 rows: one warpgroup idle
+    (2, 5, 8, [129, 3], [5, 4]),                          # 40 rows in one block (24 + 16)
+]
+
+
+@gpu
+@pytest.mark.parametrize("splits", [None, 3])
+@pytest.mark.parametrize("case", RN_CASES, ids=_ids(RN_CASES))
+def test_rows_n_matches_reference(case, splits, gen):
+    """The transposed-layout wgmma kernel (rows on wgmma's N) against float64 on fresh trees."""
+    if ("wgmma", "rows_n") not in available_kernels():
+        pytest.skip("rows_n needs the wgmma kernel (sm_90 + nvcc)")
+    B, N, H, pls, nn = case
+    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=5, num_nodes=nn)
+    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
+    out = _poisoned(B, N, H, "cuda")
+    _run_cuda("fused", q, kv, pl, tree, SCALE, *out, splits=splits, impl="wgmma", layout="rows_n")
+    torch.cuda.synchronize()
+    _check(*out, ref)
+
+
+KERNELS = [("fused", "mma", "rows_m"), ("fused", "wgmma", "rows_m"), ("fused", "wgmma", "rows_n"),
+           ("cascade", "mma", None), ("cascade", "wgmma", None)]
 
 
 @gpu
 @pytest.mark.parametrize("case", GPU_CASES, ids=_ids(GPU_CASES))
-@pytest.mark.parametrize("variant", ["fused", "cascade"])
-@pytest.mark.parametrize("impl", FUSED_IMPLS)
-def test_fused_kernels_match_reference(impl, variant, case, gen):
-    """Both fused kernels (mma.sync and wgmma), alone and inside the cascade."""
+@pytest.mark.parametrize("variant, impl, layout", KERNELS, ids=["-".join(map(str, k)) for k in KERNELS])
+def test_fused_kernels_match_reference(variant, impl, layout, case, gen):
+    """Every fused kernel (mma.sync; wgmma in both layouts), alone and inside the cascade."""
     _need_impl(impl)
     B, N, H, pls, nn = case
     q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
     ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
     out = _poisoned(B, N, H, "cuda")
-    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, impl=impl)
+    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, impl=impl, layout=layout)
     torch.cuda.synchronize()
     _check(*out, ref)
 
 
 @gpu
 @pytest.mark.parametrize("splits", [1, 2, 5, 32])
-@pytest.mark.parametrize("variant", ["fused", "cascade"])
-@pytest.mark.parametrize("impl", FUSED_IMPLS)
-def test_split_counts(impl, variant, splits, gen):
+@pytest.mark.parametrize("variant, impl, layout", KERNELS, ids=["-".join(map(str, k)) for k in KERNELS])
+def test_split_counts(variant, impl, layout, splits, gen):
     """Every KV split count gives the same function, including splits with no tiles."""
     _need_impl(impl)
     B, N, H = 2, 70, 16
     q, kv, pl, tree = random_case(B, N, H, [700, 0], gen, "cuda", num_nodes=[70, 31])
     ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
     out = _poisoned(B, N, H, "cuda")
-    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl)
+    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl, layout=layout)
     torch.cuda.synchronize()
     _check(*out, ref)
 
@@ -258,22 +355,22 @@ def test_device_mismatch_raises(gen):
 
 
 @gpu
-@pytest.mark.parametrize("impl", FUSED_IMPLS)
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer(tool, impl):
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "rows_n"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_compute_sanitizer(tool, kernel):
     """Every CUDA variant, with each fused kernel, on small cases under compute-sanitizer."""
-    _need_impl(impl)
+    _need_impl("wgmma" if kernel == "rows_n" else kernel)
     exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(exe):
         pytest.skip("compute-sanitizer not installed")
     script = os.path.join(os.path.dirname(__file__), "sanitize_attention.py")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    res = subprocess.run([exe, f"--tool={tool}", sys.executable, script, impl], capture_output=True, text=True,
+    res = subprocess.run([exe, f"--tool={tool}", sys.executable, script, kernel], capture_output=True, text=True,
                          timeout=400, env=env)
     print(res.stdout[-4000:], res.stderr[-2000:])
     log = res.stdout + res.stderr
     summary = ("RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" if tool == "racecheck"
                else "ERROR SUMMARY: 0 errors")
     assert summary in log
-    assert "FAIL" not in log and res.returncode == 0
+    assert "FAIL" not in log and " ok" in log and res.returncode == 0

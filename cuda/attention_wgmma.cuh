@@ -1,0 +1,85 @@
+// wgmma (sm_90a) building blocks of the verify-attention kernels: shared-memory matrix
+// descriptors, fences, and the m64nNk16 bf16 instructions they issue. Compiled only for
+// sm_90a (nvcc); other targets see nothing of it.
+#ifndef KDTREE_ATTENTION_WGMMA_CUH
+#define KDTREE_ATTENTION_WGMMA_CUH
+
+#include "attention_common.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Shared-memory matrix descriptor: start address, leading / stride byte offsets, 128B swizzle.
+// K-major operands: SBO = 1024 (8 rows of 128 B), LBO unused. MN-major operands: LBO = bytes
+// between 64-element blocks along M/N, SBO = 1024 between 8-row groups along K.
+__device__ __forceinline__ att_u64 wg_desc(att_u32 addr, att_u32 lbo, att_u32 sbo) {
+  return (att_u64)((addr & 0x3FFFF) >> 4) | ((att_u64)((lbo >> 4) & 0x3FFF) << 16) |
+         ((att_u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// Keeps the compiler from touching accumulator registers across wgmma.wait / wgmma.fence.
+template <int COUNT>
+__device__ __forceinline__ void wg_pin(float* r) {
+#pragma unroll
+  for (int i = 0; i < COUNT; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// D[64 x NW] += A[64 x 16] B[16 x NW] with NW / 2 fp32 accumulators per thread; B K-major in
+// shared memory, A K-major (TA = 0) or MN-major (TA = 1, transposed) in shared memory.
+template <int NW, int TA>
+__device__ __forceinline__ void wg_mma(float* d, att_u64 da, att_u64 db);
+
+#define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define WG_R4 "%0,%1,%2,%3"
+#define WG_R8 WG_R4 ",%4,%5,%6,%7"
+#define WG_R12 WG_R8 ",%8,%9,%10,%11"
+#define WG_R16 WG_R12 ",%12,%13,%14,%15"
+#define WG_MMA_DEF(NW, TA, REGS, IA, IB, IP, ...)                                                       \
+  template <>                                                                                          \
+  __device__ __forceinline__ void wg_mma<NW, TA>(float* d, att_u64 da, att_u64 db) {                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                     \
+                 "wgmma.mma_async.sync.aligned.m64n" #NW "k16.f32.bf16.bf16 {" REGS "}, %" #IA ", %" #IB \
+                 ", p, 1, 1, " #TA ", 0;\n}\n"                                                         \
+                 : __VA_ARGS__                                                                         \
+                 : "l"(da), "l"(db), "r"(1));                                                          \
+  }
+WG_MMA_DEF(8, 0, WG_R4, 4, 5, 6, WG_D4(0))
+WG_MMA_DEF(8, 1, WG_R4, 4, 5, 6, WG_D4(0))
+WG_MMA_DEF(16, 0, WG_R8, 8, 9, 10, WG_D4(0), WG_D4(4))
+WG_MMA_DEF(16, 1, WG_R8, 8, 9, 10, WG_D4(0), WG_D4(4))
+WG_MMA_DEF(24, 0, WG_R12, 12, 13, 14, WG_D4(0), WG_D4(4), WG_D4(8))
+WG_MMA_DEF(24, 1, WG_R12, 12, 13, 14, WG_D4(0), WG_D4(4), WG_D4(8))
+WG_MMA_DEF(32, 0, WG_R16, 16, 17, 18, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12))
+WG_MMA_DEF(32, 1, WG_R16, 16, 17, 18, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12))
+#undef WG_MMA_DEF
+
+// D[64 x 256] += A[64 x 16] B[16 x 256], A K-major and B MN-major (transposed) in shared memory.
+__device__ __forceinline__ void wg_m64n256k16_tb(float* d, att_u64 da, att_u64 db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24), WG_D4(28), WG_D4(32),
+        WG_D4(36), WG_D4(40), WG_D4(44), WG_D4(48), WG_D4(52), WG_D4(56), WG_D4(60), WG_D4(64), WG_D4(68),
+        WG_D4(72), WG_D4(76), WG_D4(80), WG_D4(84), WG_D4(88), WG_D4(92), WG_D4(96), WG_D4(100), WG_D4(104),
+        WG_D4(108), WG_D4(112), WG_D4(116), WG_D4(120), WG_D4(124)
+      : "l"(da), "l"(db), "r"(1));
+}
+#undef WG_D4
+#undef WG_R4
+#undef WG_R8
+#undef WG_R12
+#undef WG_R16
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+#endif  // KDTREE_ATTENTION_WGMMA_CUH

@@ -1,0 +1,144 @@
+"""Kernel-development timing of verify_attention's fused kernels on one GPU (not the benchmark).
+
+At each shape (B, N, H, P): fresh random inputs (a random tree with all N nodes real, every
+prefix P), input sets rotating over more than 2.5x the L2 (cold L2), every configuration first
+checked against the float64 reference on the first and last sequence, then timed under CUDA-graph
+replay (median and p20-p80 of per-call times). Prints us, TFLOP/s (useful FLOPs), TB/s (minimal
+bytes: each KV row once, q read, out and lse written), the fraction of the measured dense bf16
+rate and HBM copy bandwidth, and the launch plan (layout, tile rows, splits).
+
+    python scripts/attention_dev.py --out /tmp/dev.csv [--splits]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+
+import torch
+
+from kdtree.attention import (D_QK, D_V, _num_sms, _run_cuda, errors, launch_plan, random_parents,
+                              reference_attention)
+from kdtree.bench.timing import time_graph
+from kdtree.tree import Tree
+
+SCALE = 1 / math.sqrt(192)
+SHAPES = [(64, 9, 8, 16384), (8, 65, 8, 32768), (8, 33, 16, 16384), (1, 33, 64, 4096), (4, 129, 64, 16384),
+          (8, 17, 8, 16384), (8, 9, 32, 16384)]
+
+
+def ceilings() -> tuple[float, float]:
+    """(HBM copy bandwidth in B/s counting read + write, dense bf16 matmul FLOP/s), measured now,
+    after about a second of matmuls so that the clocks have ramped up from idle."""
+    mats = [torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    for _ in range(800):
+        mats[0] @ mats[1]
+    torch.cuda.synchronize()
+    bufs = [torch.empty(1 << 28, dtype=torch.float32, device="cuda") for _ in range(2)]
+    t = time_graph(lambda: bufs[1].copy_(bufs[0]), reps=10, calls_per_graph=5, warmup=2)
+    bw = 2 * 4 * bufs[0].numel() / (t.median_us * 1e-6)
+    t = time_graph(lambda: mats[0] @ mats[1], reps=10, calls_per_graph=5, warmup=2)
+    bufs.clear()
+    mats.clear()
+    return bw, 2 * 8192 ** 3 / (t.median_us * 1e-6)
+
+
+def cost(B, N, H, P, tree) -> tuple[float, float]:
+    """(useful FLOPs, minimal bytes) of one call."""
+    vis = tree.visibility
+    bits = ((vis[..., None] >> torch.arange(64, device=vis.device)) & 1).sum(dim=(2, 3))  # [B, N]
+    flops = 2 * (D_QK + D_V) * float((bits + P).sum()) * H
+    return flops, float(B * (P + N) * D_QK * 2 + B * N * H * (D_QK * 2 + D_V * 2 + 4))
+
+
+def configs(B, N, H, P, sms, sweep_splits):
+    """(label, variant, impl, layout, splits) to time at a shape: the automatic plan, each layout
+    forced, cascade, and with ``sweep_splits`` split counts around the chosen one."""
+    auto = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms)
+    out = [("fused", "fused", None, None, None), ("fused_rows_m", "fused", "wgmma", "rows_m", None)]
+    if auto.layout != "rows_n":
+        out.append(("fused_rows_n", "fused", "wgmma", "rows_n", None))
+    out.append(("cascade", "cascade", None, None, None))
+    if sweep_splits:
+        for s in sorted({max(1, auto.splits // 2), auto.splits * 2, auto.splits + 1} - {auto.splits}):
+            out.append((f"fused_s{s}", "fused", None, None, s))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/attention_dev.csv")
+    ap.add_argument("--splits", action="store_true", help="also time split counts around the chosen one")
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
+    bw, rate = ceilings()
+    print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, copy {bw / 1e12:.2f} TB/s, "
+          f"bf16 {rate / 1e12:.0f} TFLOP/s", flush=True)
+    gen = torch.Generator().manual_seed(12)
+    rows, ok = [], True
+    for B, N, H, P in SHAPES:
+        set_bytes = B * N * H * D_QK * 2 + B * (P + N) * D_QK * 2
+        n_sets = max(1, min(24, math.ceil(2.5 * l2 / set_bytes)))
+        tree = Tree.from_parents(random_parents(B, N, torch.full((B,), N), gen).to(dev))
+        pl = torch.full((B,), P, dtype=torch.int32, device=dev)
+        sets = [(torch.randn(B, N, H, D_QK, device=dev).to(torch.bfloat16),
+                 torch.randn(B, P + N, D_QK, device=dev).to(torch.bfloat16)) for _ in range(n_sets)]
+        out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=dev),
+               torch.empty(B, N, H, dtype=torch.float32, device=dev))
+        flops, nbytes = cost(B, N, H, P, tree)
+        for label, variant, impl, layout, splits in configs(B, N, H, P, sms, a.splits):
+            plan = launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms,
+                               impl=impl or "wgmma", splits=splits, layout=layout)
+            q, kv = sets[0]
+            out[0].fill_(float("nan"))
+            _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl, layout=layout)
+            worst = 0.0
+            for b in sorted({0, B - 1}):
+                t1 = Tree(tree.tokens[b:b + 1], tree.parents[b:b + 1], tree.depth[b:b + 1],
+                          tree.num_nodes[b:b + 1], tree.visibility[b:b + 1], tree.draft_depth)
+                ref = reference_attention(q[b:b + 1], kv[b:b + 1], pl[b:b + 1], t1, SCALE)
+                rel, le, same = errors(out[0][b:b + 1], out[1][b:b + 1], *ref)
+                if not (rel <= 1e-2 and le <= 1e-3 and same):
+                    print(f"  {label}: WRONG at b={b}: rel={rel:.2e} lse={le:.2e} inf_ok={same}", flush=True)
+                    ok = False
+                    worst = float("nan")
+                    break
+                worst = max(worst, rel)
+            if math.isnan(worst):
+                continue
+            it = iter(range(1 << 30))
+
+            def call(variant=variant, splits=splits, impl=impl, layout=layout):
+                q, kv = sets[next(it) % n_sets]
+                _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl, layout=layout)
+
+            tm = time_graph(call, reps=15, calls_per_graph=n_sets * max(1, 8 // n_sets), warmup=2)
+            t = tm.median_us * 1e-6
+            row = dict(B=B, N=N, H=H, P=P, config=label, layout=plan.layout, tile_rows=plan.tile_rows,
+                       splits=plan.splits, us=tm.median_us, p20=tm.p20_us, p80=tm.p80_us,
+                       tflops=flops / t / 1e12, tbps=nbytes / t / 1e12, frac_bf16=flops / t / rate,
+                       frac_copy=nbytes / t / bw, rel_err=worst, sets=n_sets)
+            rows.append(row)
+            print(f"B={B:3d} N={N:4d} H={H:3d} P={P:6d} {label:13s} {plan.layout:6s} tile {plan.tile_rows:2d} "
+                  f"splits {plan.splits:2d}: {tm.median_us:8.1f} us [{tm.p20_us:.1f}, {tm.p80_us:.1f}] "
+                  f"{row['tflops']:6.1f} TFLOP/s ({row['frac_bf16']:.2f}) {row['tbps']:5.2f} TB/s "
+                  f"({row['frac_copy']:.2f})", flush=True)
+        sets.clear()
+        torch.cuda.empty_cache()
+    with open(a.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\ncopy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s; graph replay, cold L2, median us")
+    print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} {'config':13s} {'layout':6s} {'tile':>4s} {'spl':>3s} "
+          f"{'us':>8s} {'bf16':>5s} {'copy':>5s}")
+    for r in rows:
+        print(f"{r['B']:3d} {r['N']:4d} {r['H']:3d} {r['P']:6d} {r['config']:13s} {r['layout']:6s} "
+              f"{r['tile_rows']:4d} {r['splits']:3d} {r['us']:8.1f} {r['frac_bf16']:5.2f} {r['frac_copy']:5.2f}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Random verify-attention cases and the kernel self-check shared by the attention tests and the
+compute-sanitizer runs (``tests/sanitize_attention.py``)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kdtree.attention import (CUDA_VARIANTS, D_QK, D_V, _run_cuda, errors, fused_impl, random_parents,
+                              reference_attention)
+from kdtree.tree import Tree
+
+REL_TOL, LSE_TOL = 1e-2, 1e-3
+
+
+def random_case(B, N, H, prefix_lens, gen, device="cpu", extra=0, num_nodes=None):
+    """Random (q, kv, prefix_lens, tree) with S = max(prefix) + N + extra; N(0, 1) bf16 values."""
+    pl = torch.as_tensor(prefix_lens, dtype=torch.int32)
+    nn = torch.full((B,), N) if num_nodes is None else torch.as_tensor(num_nodes)
+    tree = Tree.from_parents(random_parents(B, N, nn, gen))
+    S = int(pl.max()) + N + extra
+    q = torch.randn(B, N, H, D_QK, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(B, S, D_QK, generator=gen).to(torch.bfloat16)
+    return q.to(device), kv.to(device), pl.to(device), tree_to(tree, device)
+
+
+def tree_to(tree: Tree, device) -> Tree:
+    """The same tree with every tensor on ``device``."""
+    return Tree(tree.tokens.to(device), tree.parents.to(device), tree.depth.to(device),
+                tree.num_nodes.to(device), tree.visibility.to(device), tree.draft_depth)
+
+
+def available_kernels() -> tuple:
+    """(impl, layout) pairs of the fused kernel to exercise here: the mma.sync kernel always; the
+    wgmma kernels in both layouts where ``fused_impl`` picks wgmma."""
+    if fused_impl(torch.cuda.current_device()) == "wgmma":
+        return (("mma", "rows_m"), ("wgmma", "rows_m"), ("wgmma", "rows_n"))
+    return (("mma", "rows_m"),)
+
+
+# (B, N, H, prefix lengths, real nodes): two mask words, an empty prefix, padding rows; a small
+# odd tree; and rows_n blocks of every shape: 8 rows (one warpgroup idle), 24 (16 + 8), 40
+# (24 + 16), 48 (24 + 24).
+SELFCHECK_CASES = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),
+                   (1, 9, 16, [300], None),
+                   (2, 1, 8, [5, 0], None),
+                   (2, 3, 8, [70, 0], [3, 2]),
+                   (2, 5, 8, [0, 77], [3, 5]),
+                   (1, 17, 8, [90], None)]
+
+
+def selfcheck(variants=CUDA_VARIANTS, kernels=None) -> bool:
+    """Run CUDA variants (forced split counts too) on small cases vs float64; print, return ok.
+
+    ``kernels`` are the (impl, layout) pairs ``fused`` runs (default: ``available_kernels()``);
+    ``cascade`` runs each impl's rows_m kernel.
+    """
+    gen = torch.Generator().manual_seed(1)
+    kernels = kernels or available_kernels()
+    ok = True
+    for B, N, H, pls, nn in SELFCHECK_CASES:
+        q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
+        scale = 1 / math.sqrt(192)
+        ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), scale)
+        runs = [("naive", None, None, None)] if "naive" in variants else []
+        for impl, layout in kernels:
+            runs += [("fused", s, impl, layout) for s in (None, 1, 3)] if "fused" in variants else []
+            if "cascade" in variants and layout == "rows_m":
+                runs.append(("cascade", None, impl, None))
+        for v, splits, impl, layout in runs:
+            o = (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"),
+                 torch.full((B, N, H), float("nan"), device="cuda"))
+            _run_cuda(v, q, kv, pl, tree, scale, o[0], o[1], splits=splits, impl=impl, layout=layout)
+            torch.cuda.synchronize()
+            rel, le, inf_ok = errors(*o, *ref)
+            good = rel <= REL_TOL and le <= LSE_TOL and inf_ok
+            ok &= good
+            print(f"{v:8s} {impl or '':5s} {layout or '':6s} B={B} N={N} H={H} splits={splits}: rel={rel:.2e} "
+                  f"lse={le:.2e} {'ok' if good else 'FAIL'}")
+    return ok
