@@ -288,10 +288,17 @@ def accept_reference(tree: Tree, target_tokens: torch.Tensor) -> Accepted:
 
 
 def compact_kv_reference(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted) -> None:
-    """In-place compaction with torch indexing (gather first, then scatter)."""
+    """In-place compaction with torch indexing (gather first, then scatter).
+
+    Like the CUDA kernel, it skips whole any sequence whose length lies outside 1..M, whose
+    prefix is negative, or whose moves would read or write a row outside the cache.
+    """
     lens, idx = accepted.length.tolist(), accepted.indices.tolist()
+    S, M = kv.shape[-2], accepted.indices.shape[1]
     for b, P in enumerate(prefix_lens.tolist()):
         n = lens[b]
+        if not (1 <= n <= M and P >= 0 and P + n <= S and all(0 <= j < S - P for j in idx[b][:n])):
+            continue
         src = torch.tensor(idx[b][:n], device=kv.device) + P
         kv[..., b, P:P + n, :] = kv[..., b, :, :].index_select(-2, src)
 
@@ -500,10 +507,10 @@ def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
 
     Notes
     -----
-    Without validation the CUDA kernel still never touches a row outside ``0 .. S - 1`` of a
-    sequence: a sequence whose ``length`` is outside 1..M, whose prefix is negative, or one of
-    whose first ``length`` entries names a row outside the cache is left as it is (skipped
-    whole). The torch backend relies on the validation.
+    Without validation neither backend touches a row outside ``0 .. S - 1`` of a sequence: a
+    sequence whose ``length`` is outside 1..M, whose prefix is negative, or one of whose first
+    ``length`` moves would read or write a row outside the cache is left as it is (skipped
+    whole); the other sequences are compacted.
     """
     check_storage("kv", kv)
     need(kv.dim() in (3, 4), ValueError, f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")

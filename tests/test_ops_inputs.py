@@ -13,7 +13,7 @@ import torch
 
 import kdtree
 from kdtree.tree import MAX_DEPTH, Accepted, Tree
-from tree_cases import sorted_logprobs
+from tree_cases import GUARD_CASES, GUARD_S, guard_batch, sorted_logprobs
 
 BIG = (2**31, 2**32 - 1, 2**40)
 
@@ -172,6 +172,27 @@ def test_compact_kv_refuses_inconsistent_accepted(case, layers, bad_seq, gen):
     with pytest.raises(ValueError, match=rf"^{arg}:"):
         kdtree.compact_kv(kv, prefix, acc)
     assert_unchanged(inputs, before)
+
+
+@pytest.mark.parametrize("case", list(GUARD_CASES))
+def test_compact_kv_unvalidated_skips_a_sequence_that_leaves_the_cache(case, gen):
+    """validate=False on the torch backend: what the CUDA kernel does (the GPU suite checks the
+    kernel against this): the bad sequence is untouched, the others are compacted, and no row
+    outside the cache (guard rows around it) changes."""
+    idx, length, prefix = guard_batch(case)
+    acc = Accepted(idx, length, torch.zeros(3, dtype=torch.int32))
+    buf = torch.randn(2, 3, GUARD_S + 16, 5, generator=gen)
+    kv = buf[:, :, 8:8 + GUARD_S]
+    before = buf.clone()
+    kdtree.compact_kv(kv, prefix, acc, validate=False)
+    want = before.clone()
+    for b in (0, 2):
+        P = int(prefix[b])
+        want[:, b, 8 + P:8 + P + 3] = before[:, b, 8 + P + idx[b, :3].long()]
+    assert torch.equal(buf, want)
+    with pytest.raises(ValueError, match="^(accepted|prefix_lens)"):
+        kdtree.compact_kv(kv, prefix, acc)
+    assert torch.equal(buf, want)
 
 
 def test_compact_kv_accepts_the_edges(gen):

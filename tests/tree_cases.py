@@ -21,3 +21,29 @@ def sorted_logprobs(B, L, K, gen, kind="random"):
     lp = lp.sort(dim=-1, descending=True).values.contiguous()
     tokens = torch.randint(0, 50000, (B, L, K), generator=gen)
     return lp, tokens
+
+
+# Accepted rows of one sequence that leave the cache (S = 24 rows, M = 5 indices per row):
+# name -> (indices row, length, prefix). compact_kv(validate=False) must skip that sequence whole.
+GUARD_CASES = {
+    "length 0": ([0, 1, 2, -1, -1], 0, 4),
+    "negative length": ([0, 1, 2, -1, -1], -2, 4),
+    "length past M": ([0, 1, 2, 3, 4], 6, 4),
+    "length past MAX_ACCEPT": ([0, 1, 2, 3, 4], 1000, 4),
+    "-1 inside length": ([0, 2, -1, -1, -1], 3, 4),
+    "large negative index": ([0, -100000, 3, -1, -1], 3, 4),
+    "source past the cache": ([0, 2, 30, -1, -1], 3, 4),
+    "source far past the cache": ([0, 2, 2**30, -1, -1], 3, 4),
+    "destination past the cache": ([0, 0, 0, 0, 0], 5, 21),
+    "prefix at the cache's end": ([0, 1, 2, -1, -1], 3, 24),
+    "negative prefix": ([0, 1, 2, -1, -1], 3, -3),
+}
+GUARD_S = 24
+
+
+def guard_batch(case):
+    """(indices int32 [3, 5], length int32 [3], prefix int64 [3]): sequence 1 is ``case``,
+    sequences 0 and 2 are consistent and move rows."""
+    idx_row, length, prefix_b = GUARD_CASES[case]
+    idx = torch.tensor([[0, 2, 3, -1, -1], idx_row, [0, 1, 4, -1, -1]], dtype=torch.int32)
+    return idx, torch.tensor([3, length, 3], dtype=torch.int32), torch.tensor([2, prefix_b, 10])
