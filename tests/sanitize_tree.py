@@ -7,7 +7,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import kdtree  # noqa: E402
 from kdtree.tree import _launch_build, build_tree_reference  # noqa: E402
-from tree_cases import sorted_logprobs  # noqa: E402
+from tree_cases import GUARD_CASES, GUARD_S, guard_batch, sorted_logprobs  # noqa: E402
 
 g = torch.Generator().manual_seed(0)
 for kind, (B, L, K, budget) in (("random", (3, 15, 16, 70)), ("ties", (2, 5, 4, 130))):
@@ -20,5 +20,10 @@ for kind, (B, L, K, budget) in (("random", (3, 15, 16, 70)), ("ties", (2, 5, 4, 
     acc = kdtree.accept_tree(tree, target)
     kv = torch.randn(B, 40 + budget + 1, 576).to(torch.bfloat16).cuda()
     kdtree.compact_kv(kv, torch.arange(B).cuda() * 7, acc)
+# Inconsistent Accepted rows, unvalidated: the compaction kernel's bounds guard, in an exact-size cache
+for case in GUARD_CASES:
+    idx, length, prefix = guard_batch(case)
+    kv = torch.randn(3, GUARD_S, 576).to(torch.bfloat16).cuda()
+    kdtree.compact_kv(kv, prefix.cuda(), kdtree.Accepted(idx.cuda(), length.cuda(), length.cuda()), validate=False)
 torch.cuda.synchronize()
 print("selfcheck ok")
