@@ -8,6 +8,10 @@ bytes: each KV row once, q read, out and lse written), the fraction of the measu
 rate and HBM copy bandwidth, and the launch plan (layout, tile rows, splits).
 
     python scripts/attention_dev.py --out /tmp/dev.csv [--splits]
+
+``--profile B,N,H,P`` instead runs, at that shape, the fused kernel once in each layout between
+``cudaProfilerStart`` and ``cudaProfilerStop`` (after a checked warm-up), for Nsight Compute with
+``--profile-from-start off`` (``scripts/gpu_attention.sh`` with ``NCU_SHAPE``).
 """
 from __future__ import annotations
 
@@ -66,11 +70,43 @@ def configs(B, N, H, P, sms, sweep_splits):
     return out
 
 
+def profile(B, N, H, P) -> int:
+    """One call of the fused kernel per layout inside the profiler range; 1 if a check failed."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(5)
+    tree = Tree.from_parents(random_parents(B, N, torch.full((B,), N), gen).to(dev))
+    pl = torch.full((B,), P, dtype=torch.int32, device=dev)
+    q = torch.randn(B, N, H, D_QK, device=dev).to(torch.bfloat16)
+    kv = torch.randn(B, P + N, D_QK, device=dev).to(torch.bfloat16)
+    out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=dev),
+           torch.empty(B, N, H, dtype=torch.float32, device=dev))
+    ref = reference_attention(q[:1], kv[:1], pl[:1], Tree(tree.tokens[:1], tree.parents[:1], tree.depth[:1],
+                              tree.num_nodes[:1], tree.visibility[:1], tree.draft_depth), SCALE)
+    layouts = ("rows_m", "rows_n")
+    for layout in layouts:
+        for _ in range(3):
+            _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="wgmma", layout=layout)
+        rel, le, same = errors(out[0][:1], out[1][:1], *ref)
+        print(f"{layout}: rel={rel:.2e} lse={le:.2e} inf_ok={same}", flush=True)
+        if not (rel <= 1e-2 and le <= 1e-3 and same):
+            return 1
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for layout in layouts:
+        _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="wgmma", layout=layout)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/attention_dev.csv")
     ap.add_argument("--splits", action="store_true", help="also time split counts around the chosen one")
+    ap.add_argument("--profile", metavar="B,N,H,P", help="profile one call per layout at this shape instead")
     a = ap.parse_args(argv)
+    if a.profile:
+        return profile(*(int(x) for x in a.profile.split(",")))
     dev = torch.device("cuda")
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     bw, rate = ceilings()

@@ -7,6 +7,8 @@
 #   BUDGET=420                   seconds; a step that would start past it is skipped (and says so)
 #   DEV_ARGS=--splits            extra arguments of attention_dev.py
 #   TESTS_K="not sanitizer"      pytest -k expression of the GPU tests
+#   NCU_SHAPE=64,9,8,16384       also Nsight Compute (full sections) on one fused call per layout
+#                                at that B,N,H,P, into ncu.txt
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -42,6 +44,12 @@ if have 60 "GPU tests"; then
   timeout $((BUDGET - SECONDS)) python3 -m pytest -q -m gpu -k "${TESTS_K:-not sanitizer}" tests/test_attention.py \
     > "$OUT/gpu_tests.log" 2>&1
   grep -E "FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -15
+fi
+if [ -n "$NCU_SHAPE" ] && have 90 "ncu"; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout $((BUDGET - SECONDS)) "$NCU" --clock-control none --profile-from-start off --set full \
+    python3 scripts/attention_dev.py --profile "$NCU_SHAPE" > "$OUT/ncu.txt" 2>&1
+  echo "ncu (rc $?): $(grep -cE '^\s+verify_fused' "$OUT/ncu.txt") kernels profiled at ${SECONDS}s"
 fi
 sed -n '/^copy /,$p' "$OUT/dev.log"
 grep -E "WRONG|Error" "$OUT/dev.log" | head
