@@ -95,8 +95,10 @@ def _report(args) -> int:
     if not (Path(run_dir) / "ceilings.json").exists():
         raise UserError(f"run {Path(run_dir).name} ({run_dir}) has no ceilings.json: its ceilings notebook "
                         "has not finished; resume the sweep to measure them")
-    index = render_run(run_dir, args.reports)
+    index = render_run(run_dir, args.reports, publish=args.publish)
     print(index)
+    if args.publish:
+        print(f"published; to commit: git add -f {run_dir} {index.parent} {Path(args.reports) / 'index.html'}")
     if args.png:
         from kdtree.bench.figures import export_pngs
 
@@ -108,7 +110,12 @@ def _report(args) -> int:
 def _compare(args) -> int:
     from kdtree.bench.report import compare_runs
 
-    print(compare_runs(_run_dir(args.run_a, args.runs), _run_dir(args.run_b, args.runs), args.reports))
+    page = compare_runs(_run_dir(args.run_a, args.runs), _run_dir(args.run_b, args.runs), args.reports,
+                        publish=args.publish)
+    print((page.parent / "summary.txt").read_text(), end="")
+    print(f"report: {page}")
+    if args.publish:
+        print(f"published; to commit: git add -f {page.parent} {page.parent.parent / 'index.html'}")
     return 0
 
 
@@ -191,13 +198,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reports", default="reports", help="reports folder (default reports/)")
     r.add_argument("--png", action="store_true",
                    help="also write the headline charts as PNGs (README images; needs chromium)")
+    r.add_argument("--publish", action="store_true",
+                   help="list the run in reports/index.html, the committed list of runs (default: local.html only)")
     r.set_defaults(func=_report)
 
-    c = sub.add_parser("compare", help="regression report: time ratio b/a at every common point")
+    c = sub.add_parser("compare", help="what changed from run a to run b: every common point, flagged beyond the noise")
     c.add_argument("run_a", help="baseline run id or directory")
     c.add_argument("run_b", help="new run id or directory")
     c.add_argument("--runs", default="parameterized_runs", help="where run directories live")
     c.add_argument("--reports", default="reports", help="reports folder (default reports/)")
+    c.add_argument("--publish", action="store_true", help="list the comparison in reports/index.html")
     c.set_defaults(func=_compare)
 
     pr = sub.add_parser("profile", help="every kernel under Nsight Compute, joined to the cost model (GPU host)")

@@ -1,6 +1,6 @@
 """Static PNGs of a run's headline charts (for the README), drawn by headless Chromium.
 
-    kdtree report <run-id> --png     ->  reports/<run-id>/figures/{roofline,tree_build,eager_vs_graph}.png
+    kdtree report <run-id> --png     ->  reports/<run-id>/figures/{roofline,tree_build,verify_latency}.png
 
 Each chart is the same plotly figure the notebooks show, written to a page that loads the local
 plotly.js and screenshotted; nothing is fetched from the network. Needs Debian's ``chromium``.
@@ -22,7 +22,8 @@ STATIC = {"displayModeBar": False, "staticPlot": True}
 
 def headline_figures(run_dir: str | Path) -> dict[str, go.Figure]:
     """The run's headline charts by name: the verify-attention roofline, tree build time against
-    the CPU paths, and verify attention eager against graph replay (whichever the run has)."""
+    the CPU paths, and verify-attention time against q_len in every timing mode over the launch
+    floors (whichever the run has)."""
     df, ceilings, _ = load_run(run_dir)
     figs = {}
     if df.empty:
@@ -34,11 +35,10 @@ def headline_figures(run_dir: str | Path) -> dict[str, go.Figure]:
     if not build.empty:
         figs["tree_build"] = plots.latency(build, "budget", ["variant", "mode"], "Tree build time per call",
                                            ceilings, facet="batch")
-    if not verify.empty and {"eager", "graph"} <= set(verify["mode"]):
+    if not verify.empty and verify["q_len"].nunique() > 1:
         sweep = verify.groupby("point")["q_len"].nunique().idxmax()     # the q_len sweep
-        figs["eager_vs_graph"] = plots.eager_vs_graph(verify[verify["point"] == sweep], "q_len", ["variant"],
-                                                      "Verify attention: eager against graph replay",
-                                                      ceilings, facet="l2")
+        figs["verify_latency"] = plots.latency(verify[verify["point"] == sweep], "q_len", ["variant", "mode"],
+                                               "Verify attention time against q_len", ceilings, facet="l2")
     return figs
 
 

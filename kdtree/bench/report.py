@@ -6,12 +6,18 @@ template (``templates/kdtree_report``) drops require.js, MathJax and mermaid and
 shared ``reports/plotly.min.js`` and ``reports/notebook.css`` (the lab theme, linked rather than
 inlined in every page). Layout::
 
-    reports/index.html                 every run and comparison
+    reports/index.html                 the published runs and comparisons (committed)
+    reports/local.html                 every run and comparison in this folder (git-ignored)
     reports/plotly.min.js              shared by all pages
     reports/notebook.css               shared by all notebook pages
     reports/<run-id>/index.html        the run's summary notebook, with links to the pages below
     reports/<run-id>/<notebook>/<point>.html
     reports/compare-<a>-vs-<b>/index.html
+
+A run or comparison rendered as usual is local: its pages link "all runs" to ``local.html``,
+and nothing tracked changes (git ignores run and report folders). ``publish=True``
+(``kdtree report <run-id> --publish``) marks it published, links its pages to ``index.html``
+and rewrites ``index.html``; commit it with ``git add -f`` on the paths it prints.
 """
 from __future__ import annotations
 
@@ -19,28 +25,30 @@ import html
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
+from kdtree.bench import compare
 from kdtree.bench.ceilings import Ceilings
-from kdtree.bench.plots import row_text
-from kdtree.bench.roofline import COLUMNS as ROOF_COLUMNS
+from kdtree.bench.compare import compare_table
+from kdtree.bench.display import display_table, fmt
 from kdtree.bench.roofline import classify
-from kdtree.bench.sweep import DamagedRun, combine_results, read_manifest, summary
+from kdtree.bench.sweep import DamagedRun, combine_results, latest_run, read_manifest, summary
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PLOTLY_JS = "plotly.min.js"
 NOTEBOOK_CSS = "notebook.css"
 SUMMARY_NOTEBOOK = "99_summary.ipynb"
-# Columns that hold measurements or what is derived from them; every other common column is a key.
-MEASURED = {"median_us", "p20_us", "p80_us", "reps", "point", *ROOF_COLUMNS}
+INDEX, LOCAL_INDEX = "index.html", "local.html"
+RUNS = "parameterized_runs"
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <script src="{plotly}"></script>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}}
 table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px}}
-tr.slower td{{background:#fdd}}tr.faster td{{background:#dfd}}tr.failed td{{background:#fdd}}</style>
+th{{background:#f4f4f4;text-align:left}}tr.slower td{{background:#fdd}}tr.faster td{{background:#dfd}}
+tr.failed td{{background:#fdd}}.warning{{background:#fff3cd;border:1px solid #e0c060;padding:.6em 1em}}
+nav{{padding:.5em 0 1em;border-bottom:1px solid #ccc;margin-bottom:1em}}</style>
 </head><body>{body}</body></html>
 """
 
@@ -88,7 +96,6 @@ def notebook_html(notebook: str | Path, out: str | Path, assets: str, nav_html: 
     """
     import nbformat
     from nbconvert import HTMLExporter
-
     from traitlets.config import Config
 
     # Input cells are excluded, so the per-page pygments stylesheet (CSSHTMLHeaderPreprocessor)
@@ -168,25 +175,33 @@ def headline(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _nav(run_id: str, manifest: dict, depth: int) -> str:
-    up = "../" * depth
+def _nav(run_id: str, manifest: dict, page: str, pages: set[str], all_runs: str) -> str:
+    """The navigation bar of one page of a run.
+
+    ``page`` is the page's path inside the run's report folder (``index.html`` or
+    ``<notebook>/<point>.html``), ``pages`` the point ids that have a page, ``all_runs`` the file
+    name of the list of runs in the reports root. Links are relative to the page.
+    """
+    to_run = "../" * page.count("/")                 # from the page up to reports/<run-id>/
     items = []
     for pid, e in manifest["points"].items():
         status = e.get("status", "pending")
         params = html.escape(json.dumps(e.get("params", {})))
-        link = (f'<a href="{up}{pid}.html">{html.escape(pid)}</a>' if status in ("ok", "failed")
-                else html.escape(pid))
+        link = f'<a href="{to_run}{html.escape(pid)}.html">{html.escape(pid)}</a>' if pid in pages else html.escape(pid)
         items.append(f'<li class="{status}">{link} <b>{status}</b> <code>{params}</code>'
                      + (f' <i>{html.escape(e.get("error") or "")[:300]}</i>' if status == "failed" else "") + "</li>")
     return (f'<nav style="padding:1em 2em;border-bottom:1px solid #ccc"><b>run {html.escape(run_id)}</b> · '
-            f'<a href="{up}index.html">run summary</a> · <a href="{up}../index.html">all runs</a>'
+            f'<a href="{to_run}index.html">run summary</a> · <a href="{to_run}../{all_runs}">all runs</a>'
             f'<details><summary>pages ({len(items)})</summary><ul>{"".join(items)}</ul></details></nav>')
 
 
 def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
-               summary_notebook: str | Path | None = None, kernel_name: str = "python3") -> Path:
+               summary_notebook: str | Path | None = None, kernel_name: str = "python3",
+               publish: bool = False) -> Path:
     """Render a run: the summary notebook (executed now), one page per point, and the indexes.
 
+    ``publish``: list the run in ``reports/index.html`` (the committed list) and link its pages
+    there; otherwise it is listed in ``reports/local.html`` only, and no tracked file changes.
     Returns the path of ``reports/<run-id>/index.html``.
     """
     import papermill as pm
@@ -202,17 +217,19 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
     executed = run_dir / "summary.ipynb"
     pm.execute_notebook(str(summary_nb), str(executed), parameters={"run_dir": "."}, cwd=str(run_dir),
                         kernel_name=kernel_name, progress_bar=False)
-    for pid, e in manifest["points"].items():
-        if e.get("status") in ("ok", "failed") and (run_dir / e["output"]).exists():
-            depth = pid.count("/") + 1
-            notebook_html(run_dir / e["output"], out / f"{pid}.html", "../" * depth,
-                          _nav(run_id, manifest, depth))
-    index = notebook_html(executed, out / "index.html", "../", _nav(run_id, manifest, 0))
+    pages = {pid for pid, e in manifest["points"].items()
+             if e.get("status") in ("ok", "failed") and e.get("output") and (run_dir / e["output"]).exists()}
+    all_runs = INDEX if publish else LOCAL_INDEX
+    for pid in sorted(pages):
+        page = f"{pid}.html"
+        notebook_html(run_dir / manifest["points"][pid]["output"], out / page, "../" * (page.count("/") + 1),
+                      _nav(run_id, manifest, page, pages, all_runs))
+    index = notebook_html(executed, out / "index.html", "../", _nav(run_id, manifest, "index.html", pages, all_runs))
     meta = manifest.get("metadata", {})
     (out / "run.json").write_text(json.dumps({"run_id": run_id, "device": meta.get("device"),
                                               "date": meta.get("date"), "git_sha": meta.get("git_sha"),
-                                              **summary(run_dir)}, indent=2) + "\n")
-    render_index(reports_root)
+                                              "published": publish, **summary(run_dir)}, indent=2) + "\n")
+    render_index(reports_root, publish=publish)
     return index
 
 
@@ -224,91 +241,203 @@ def _repo_notebook(manifest: dict, name: str) -> Path:
     raise ValueError(f"cannot find notebooks/{name}; pass summary_notebook=")
 
 
-def render_index(reports_root: str | Path = "reports") -> Path:
-    """Write ``reports/index.html`` listing every rendered run and comparison, newest first."""
+def render_index(reports_root: str | Path = "reports", publish: bool = False) -> Path:
+    """Write ``reports/local.html``: every rendered run and comparison in the folder, newest
+    first. With ``publish`` (or where the folder has none yet) also ``reports/index.html``, the
+    committed list: the published ones only. Returns the path of ``local.html``."""
     reports_root = Path(reports_root)
-    runs = []
-    for f in reports_root.glob("*/run.json"):
-        info = json.loads(f.read_text())
-        runs.append(info)
-    runs.sort(key=lambda r: r.get("date") or "", reverse=True)
+    reports_root.mkdir(parents=True, exist_ok=True)
+    runs = sorted((json.loads(f.read_text()) for f in reports_root.glob("*/run.json")),
+                  key=lambda r: r.get("date") or "", reverse=True)
+    comps = sorted((json.loads(f.read_text()) for f in reports_root.glob("compare-*/compare.json")),
+                   key=lambda c: c["name"])
+    local = reports_root / LOCAL_INDEX
+    local.write_text(_index_page(runs, comps, published_only=False))
+    if publish or not (reports_root / INDEX).exists():
+        (reports_root / INDEX).write_text(_index_page(runs, comps, published_only=True))
+    return local
+
+
+def _index_page(runs: list[dict], comps: list[dict], published_only: bool) -> str:
+    """The list of runs and comparisons (all, or the published ones) as an HTML page."""
+    if published_only:
+        runs, comps = [r for r in runs if r.get("published")], [c for c in comps if c.get("published")]
+    tag = (lambda r: "") if published_only else (lambda r: " (published)" if r.get("published") else "")
     rows = "".join(
-        f'<tr><td><a href="{html.escape(r["run_id"])}/index.html">{html.escape(r["run_id"])}</a></td>'
+        f'<tr><td><a href="{html.escape(r["run_id"])}/index.html">{html.escape(r["run_id"])}</a>{tag(r)}</td>'
         f'<td>{html.escape(str(r.get("device")))}</td><td>{html.escape(str(r.get("date")))}</td>'
-        f'<td>{html.escape(str(r.get("git_sha")))}</td><td>{html.escape(json.dumps(r.get("counts", {})))}</td></tr>'
+        f'<td>{html.escape(str(r.get("git_sha")))}</td>'
+        f'<td>{html.escape(", ".join(f"{k} {v}" for k, v in (r.get("counts") or {}).items()))}</td></tr>'
         for r in runs)
-    comps = "".join(f'<li><a href="{d.name}/index.html">{html.escape(d.name)}</a></li>'
-                    for d in sorted(reports_root.glob("compare-*")) if (d / "index.html").exists())
-    body = (f"<h1>kdtree workbook reports</h1><h2>Runs</h2><table><tr><th>run</th><th>device</th><th>date</th>"
-            f"<th>git</th><th>points</th></tr>{rows}</table><h2>Comparisons</h2><ul>{comps or '<li>none</li>'}</ul>")
-    path = reports_root / "index.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_PAGE.format(title="kdtree reports", plotly=PLOTLY_JS, body=body))
-    return path
+    items = "".join(f'<li><a href="{html.escape(c["name"])}/index.html">{html.escape(c["title"])}</a>{tag(c)}: '
+                    f'{html.escape(c.get("line", ""))}</li>' for c in comps)
+    what = ("The published runs and comparisons (committed with the repository)." if published_only else
+            "Every run and comparison rendered into this folder, published or local. "
+            f'<a href="{INDEX}">The published ones</a>.')
+    body = (f"<h1>kdtree workbook reports</h1><p>{what}</p><h2>Runs</h2><table><tr><th>run</th><th>device</th>"
+            f"<th>date (UTC)</th><th>git commit</th><th>points</th></tr>{rows}</table>"
+            f"<h2>Comparisons</h2><ul>{items or '<li>none</li>'}</ul>")
+    return _PAGE.format(title="kdtree reports", plotly=PLOTLY_JS, body=body)
 
 
-def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Join two results tables on their common key columns; ratio = b / a of the medians.
+def find_run(run_dir: str | Path = "", start: str | Path | None = None) -> Path:
+    """``run_dir`` if given, else the latest run under ``parameterized_runs/`` of the nearest
+    folder at or above ``start`` (default: the working folder) that has one, so that a notebook
+    opened by hand from ``notebooks/`` finds the repository's runs.
 
-    ``flag`` is ``slower`` where b's p20 is above a's p80, ``faster`` where b's p80 is below
-    a's p20, and empty where the spreads overlap.
+    Raises
+    ------
+    ValueError
+        When no run is found.
     """
-    need = {"median_us", "p20_us", "p80_us"}
-    for name, t in (("a", a), ("b", b)):
-        if not need <= set(t.columns):
-            raise ValueError(f"compare: table {name} lacks {sorted(need - set(t.columns))}")
-    keys = [c for c in a.columns if c in b.columns and c not in MEASURED]
-    if not keys:
-        raise ValueError("compare: the tables share no key columns")
-    cols = keys + sorted(need)
-    m = a[cols].merge(b[cols], on=keys, suffixes=("_a", "_b"))
-    m["ratio"] = m["median_us_b"] / m["median_us_a"]
-    m["flag"] = np.where(m["p20_us_b"] > m["p80_us_a"], "slower",
-                         np.where(m["p80_us_b"] < m["p20_us_a"], "faster", ""))
-    return m.sort_values("ratio", ascending=False, ignore_index=True)
+    if run_dir:
+        return Path(run_dir)
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / RUNS).is_dir() and (found := latest_run(folder / RUNS)) is not None:
+            return found
+    raise ValueError(f"no sweep run under {RUNS}/ in {here} or any folder above it; "
+                     "run a sweep first or set run_dir")
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path = "reports") -> Path:
-    """Render ``reports/compare-<a>-vs-<b>/index.html``: the ratio b/a at every common point."""
-    import plotly.graph_objects as go
+def _measured(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that hold one of the compared metrics (not the ceilings table's rows)."""
+    cols = [m for m in compare.METRICS if m in df.columns]
+    return df[df[cols].notna().any(axis=1)].reset_index(drop=True) if cols else pd.DataFrame()
 
+
+def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path = "reports", *,
+                 publish: bool = False) -> Path:
+    """Render ``reports/compare-<a>-vs-<b>/index.html``: what changed from run a to run b.
+
+    The page leads with the summary (points compared, faster, slower, unchanged, the largest
+    changes, the flag rule and its between-run noise) and a warning when the runs ran on
+    different devices, then a chart of the ratio b/a per point (labelled by point), then the
+    table: key columns, both values, ratio and flag first. The terminal summary is written
+    beside it as ``summary.txt``; ``publish`` lists the comparison in ``reports/index.html``.
+
+    Raises
+    ------
+    ValueError
+        When a run has no measured rows or the runs have no point in common.
+    """
     run_a, run_b = Path(run_a), Path(run_b)
-    a, b = (_timed(combine_results(r)) for r in (run_a, run_b))
+    a, b = (_measured(combine_results(r)) for r in (run_a, run_b))
     if a.empty or b.empty:
         raise ValueError(f"compare: {run_a if a.empty else run_b} has no timed results")
-    m = compare_table(a.drop(columns=["point"]), b.drop(columns=["point"]))
-    ida, idb = read_manifest(run_a)["run_id"], read_manifest(run_b)["run_id"]
-    dev = [read_manifest(r).get("metadata", {}).get("device") for r in (run_a, run_b)]
-    fig = go.Figure()
-    label_cols = [c for c in m.columns if c not in {"ratio", "flag"} and not c.endswith(("_a", "_b"))]
-    for flag, g in m.groupby("flag", sort=True):
-        fig.add_trace(go.Scatter(x=list(range(len(g))), y=g["ratio"], mode="markers", name=flag or "within spread",
-                                 text=row_text(g, label_cols, named=True),
-                                 hovertemplate="%{text}<br>ratio %{y:.3f}<extra></extra>"))
-    fig.add_hline(y=1.0, line_dash="dash")
-    fig.update_yaxes(type="log", title=f"time {idb} / time {ida}")
-    fig.update_layout(template="plotly_white", title=f"{idb} vs {ida}<br><sup>{dev[1]} vs {dev[0]}; "
-                      "flagged where the p20-p80 spreads do not overlap</sup>")
-    out = Path(reports_root) / f"compare-{ida}-vs-{idb}" / "index.html"
+    t = compare_table(a, b)
+    ma, mb = read_manifest(run_a), read_manifest(run_b)
+    ida, idb = ma["run_id"], mb["run_id"]
+    dev = [m.get("metadata", {}).get("device") for m in (ma, mb)]
+    warnings = ([(f"the runs ran on different devices ({ida}: {dev[0]}; {idb}: {dev[1]}): the ratios mix "
+                  "hardware with code changes")] if dev[0] != dev[1] else [])
+    text = compare.summary_text(t, ida, idb, warnings)
+    s = compare.summary(t)
+    root = Path(reports_root)
+    name = f"compare-{ida}-vs-{idb}"
+    out = root / name / "index.html"
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_plotly_js(reports_root)
-    flagged = m["flag"].ne("").sum()
-    body = (f"<h1>{html.escape(idb)} against {html.escape(ida)}</h1>"
-            f"<p>{len(m)} common points; {flagged} beyond the measured spread "
-            f"({(m['flag'] == 'slower').sum()} slower, {(m['flag'] == 'faster').sum()} faster); "
-            f"median ratio {m['ratio'].median():.3f}.</p>"
-            + fig.to_html(full_html=False, include_plotlyjs=False) + _table_html(m, row_class="flag"))
+    write_plotly_js(root)
+    links = " · ".join(f'<a href="../{r}/index.html">{r}</a>' for r in (ida, idb) if (root / r / "index.html").exists())
+    body = (f'<nav><a href="../{INDEX if publish else LOCAL_INDEX}">all runs</a>{" · " + links if links else ""}</nav>'
+            f"<h1>{html.escape(idb)} against {html.escape(ida)}</h1>"
+            + "".join(f'<p class="warning"><b>Warning:</b> {html.escape(w)}</p>' for w in warnings)
+            + f"<p><b>{s['compared']} points compared: {s['faster']} faster, {s['slower']} slower, "
+              f"{s['unchanged']} unchanged</b>"
+            + (f", {s['not comparable']} not comparable (a value not positive)" if s["not comparable"] else "")
+            + (f"; {s['only in a']} only in {html.escape(ida)}" if s["only in a"] else "")
+            + (f"; {s['only in b']} only in {html.escape(idb)}" if s["only in b"] else "")
+            + f". Devices: {html.escape(str(dev[0]))} ({html.escape(ida)}), {html.escape(str(dev[1]))} "
+              f"({html.escape(idb)}).</p><p>{html.escape(compare.rule_text(s['sigma']))}.</p>"
+            + "<p>Largest changes:</p><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in s["largest"]) + "</ul>"
+            + _ratio_chart(t, ida, idb).to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+            + "<h2>Every compared point</h2>"
+            + "".join(f"<h3>{html.escape(group)}</h3>" + _table_html(_compare_display(g), row_class=list(g["flag"]))
+                      for group, g in _groups(t)))
     out.write_text(_PAGE.format(title=f"compare {ida} vs {idb}", plotly="../" + PLOTLY_JS, body=body))
-    render_index(reports_root)
+    (out.parent / "summary.txt").write_text(text + "\n")
+    (out.parent / "compare.json").write_text(json.dumps(
+        {"name": name, "title": f"{idb} against {ida}", "published": publish,
+         "line": f"{s['compared']} points: {s['faster']} faster, {s['slower']} slower, {s['unchanged']} unchanged"
+                 + ("; different devices" if warnings else "")}, indent=2) + "\n")
+    render_index(root, publish=publish)
     return out
 
 
-def _table_html(df: pd.DataFrame, row_class: str | None = None) -> str:
-    """An HTML table of ``df``; each row gets the CSS class held in column ``row_class``."""
-    def cell(v):
-        return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+def _ratio_chart(t: pd.DataFrame, ida: str, idb: str):
+    """The slowdown of every compared point (b/a for times, a/b for rates: above 1 is slower),
+    one row per point, labelled, sorted, coloured by flag, over the no-change line."""
+    import plotly.graph_objects as go
+
+    from kdtree.bench import plots
+
+    d = t[t["ratio"].notna()]
+    higher = d["metric"].map(lambda m: compare.METRICS[m][2])
+    d = d.assign(slowdown=d["ratio"].where(~higher, 1 / d["ratio"]), label=compare.point_label(d).to_numpy())
+    d = d.sort_values("slowdown")
+    colors = {"slower": plots.VERMILLION, "faster": plots.BLUE}
+    fig = go.Figure()
+    for flag, g in d.groupby("flag", sort=False):
+        fig.add_trace(go.Scatter(
+            x=g["slowdown"], y=g["label"], mode="markers", name=flag or "within noise",
+            marker={"color": colors.get(flag, "#999999"), "size": 8,
+                    "symbol": {"slower": "triangle-right", "faster": "triangle-left"}.get(flag, "circle")},
+            text=[f"{lab}<br>{compare.value_text(m, va)} -> {compare.value_text(m, vb)} (ratio {r:.3g})"
+                  for lab, m, va, vb, r in zip(g["label"], g["metric"], g["a"], g["b"], g["ratio"])],
+            hovertemplate="%{text}<extra></extra>"))
+    if len(d):
+        y0, y1 = d["label"].iat[0], d["label"].iat[-1]
+        fig.add_trace(go.Scatter(x=[1, 1], y=[y0, y1], mode="lines", showlegend=False, hoverinfo="skip",
+                                 meta={"reference": "no change"},
+                                 line={"color": plots.REFERENCE_COLOR, "dash": "longdash"}))
+        fig.add_annotation(x=0, y=y1, xref="x", yref="y", text="no change", showarrow=False, yanchor="bottom",
+                           xanchor="left", font={"size": 11, "color": plots.REFERENCE_COLOR})
+    fig.update_xaxes(type="log", title=f"slowdown of {idb} against {ida} (times b/a, rates a/b; above 1: slower)")
+    fig.update_yaxes(type="category", automargin=True, tickfont={"size": 10}, dtick=1)
+    fig.update_layout(template="plotly_white", height=220 + 18 * max(len(d), 4), margin={"t": 120},
+                      title={"text": "What changed, point by point<br><sup>flagged: outside both runs' spreads, "
+                                     f"past {compare.MIN_CHANGE:.0%} and {compare.MIN_US:g} us, and past {compare.Z:g} "
+                                     f"sigma of the scatter between the runs (sigma of the times "
+                                     f"{100 * t.attrs['sigma'].get('median_us', 0):.2g}%)</sup>",
+                             "x": 0.01},
+                      legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"})
+    return fig
+
+
+def _groups(t: pd.DataFrame):
+    """(title, rows) per kernel, and per engine table for the engine's rows, in table order."""
+    kernel = t["kernel"] if "kernel" in t.columns else pd.Series(pd.NA, index=t.index)
+    table = t["table"] if "table" in t.columns else pd.Series(pd.NA, index=t.index)
+    group = kernel.fillna(table.map(lambda x: f"engine {x}" if isinstance(x, str) else "other")).fillna("other")
+    for name in dict.fromkeys(group):
+        yield str(name), t[group == name]
+
+
+def _compare_display(t: pd.DataFrame) -> pd.DataFrame:
+    """Compared rows for reading: their key columns (those they fill), the metric, both values
+    with units, ratio and flag first; then the spreads and the noise band; no empty column."""
+    keys = [k for k in t.attrs.get("keys", compare.KEYS)
+            if k in t.columns and k not in ("kernel", "table") and not t[k].map(lambda v: pd.isna(v) or v in ("", "n/a")).all()]
+    d = display_table(t[keys]) if keys else pd.DataFrame(index=range(len(t)))
+    d["metric"] = [compare.METRICS[m][0] for m in t["metric"]]
+    for col in ("a", "b"):
+        d[col] = [compare.value_text(m, v) for m, v in zip(t["metric"], t[col])]
+    d["ratio b/a"] = [fmt(r, "x") for r in t["ratio"]]
+    d["flag"] = t["flag"].replace({"": "-"}).to_numpy()
+    for col in ("a_p20", "a_p80", "b_p20", "b_p80"):
+        if col in t.columns:
+            d[col.replace("_", " ")] = [compare.value_text(m, v) for m, v in zip(t["metric"], t[col])]
+    d["noise band (ratio)"] = [f"{lo:.3g}x - {hi:.3g}x" for lo, hi in zip(t["band_lo"], t["band_hi"])]
+    if (d["metric"] == d["metric"].iat[0]).all():
+        d = d.drop(columns="metric")
+    return d[[c for c in d.columns if not d[c].eq("").all()]]
+
+
+def _table_html(df: pd.DataFrame, row_class: list[str] | None = None) -> str:
+    """An HTML table of ``df`` (cells already formatted, :func:`display_table`); row ``i`` gets
+    the CSS class ``row_class[i]``."""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join(f'<tr class="{html.escape(str(r[row_class])) if row_class else ""}">'
-                   + "".join(f"<td>{cell(v)}</td>" for v in r.values()) + "</tr>"
-                   for r in df.to_dict("records"))
+    classes = row_class or [""] * len(df)
+    body = "".join(f'<tr class="{html.escape(str(cls))}">' + "".join(f"<td>{html.escape(str(v))}</td>" for v in r)
+                   + "</tr>" for cls, r in zip(classes, df.itertuples(index=False)))
     return f"<table><tr>{head}</tr>{body}</table>"
