@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kdtree.bench.moe import (ROUTINGS, expected_distinct, moe_layer, moe_layer_cost, moe_reference, routing_ids,
-                              run_moe_bench)
+from kdtree.bench.moe import (ROUTINGS, TOLERANCE, expected_distinct, moe_layer, moe_layer_cost, moe_reference,
+                              routing_ids, run_moe_bench)
 from kdtree.engine import get_config
 from kdtree.engine.model import FP8, FP8_MAX, MoE, build_model, quantize_rows
 
@@ -137,13 +137,29 @@ def test_moe_layer_cost_hand_counts():
         moe_layer_cost(**kw, weight_bytes=3)
 
 
+def test_bench_records_a_failed_check_and_goes_on(monkeypatch):
+    """A point whose output misses the reference is recorded with the error and never timed."""
+    import kdtree.bench.moe as bench
+
+    def check(moe, *args):
+        if moe.fp8:
+            raise AssertionError("MoE experts differ from the float64 reference: relative error 0.5")
+        return 0.0
+
+    monkeypatch.setattr(bench, "_check", check)
+    df = run_moe_bench("tiny_ep", tokens=(3,), routings=("uniform",), fp8=True)
+    bad, good = df[df.variant == "fp8-ref"].iloc[0], df[df.variant == "float32"].iloc[0]
+    assert bad.error.startswith("AssertionError") and bad.isna()["median_us"]
+    assert good.error == "" and good.median_us > 0
+
+
 def test_bench_rows_on_cpu():
     df = run_moe_bench("tiny_ep", tokens=(1, 9), fp8=True)
     assert set(df.routing) == set(ROUTINGS) and set(df.variant) == {"float32", "fp8-ref"}
     assert len(df) == 2 * 3 * 2
     assert (df.distinct <= df.local_experts).all() and (df[df.tokens == 1].distinct <= 4).all()
     assert (df.local_slots <= df.tokens * 4).all() and (df.check_error < 1e-4).all()
-    assert ((df.p20_us <= df.median_us) & (df.median_us <= df.p80_us)).all()
+    assert ((df.p20_us <= df.median_us) & (df.median_us <= df.p80_us)).all() and (df.error == "").all()
     with pytest.raises(ValueError, match="routings"):
         run_moe_bench("tiny_ep", routings=("lucky",))
     with pytest.raises(ValueError, match="tokens"):
@@ -166,7 +182,7 @@ def test_cuda_moe_at_kimi_ep8_shapes(fp8):
     expert[:4] = torch.tensor([0, 1, 2, 3, 4, 5, 6, 47], device="cuda")  # all-local tokens
     got = moe.experts(x, weight, expert)
     ref = moe_reference(moe, x, weight, expert)
-    assert float((got.double() - ref).abs().max()) <= 0.02 * float(ref.abs().max())
+    assert float((got.double() - ref).abs().max()) <= TOLERANCE[fp8] * float(ref.abs().max())
     graph = torch.cuda.CUDAGraph()
     out = moe.experts(x, weight, expert)
     with torch.cuda.graph(graph):

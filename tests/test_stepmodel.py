@@ -136,6 +136,10 @@ def test_validate_on_cpu():
     v = S.validate("tiny_ep", layers=2, batch=1, budgets=(16,), prompt=12, new=8, steps=2, drafter="tiny")
     assert list(v.budget) == [0, 16] and (v.measured_us > 0).all()
     assert (v.ratio == v.predicted_us / v.measured_us).all() and (v.timing == "eager").all()
+    assert (v.ratio_random == v.predicted_random_us / v.measured_us).all()
+    parts = v[[c for c in v.columns if c.startswith("c_")]].sum(1)
+    assert ((parts - v.predicted_us).abs() <= 1e-9 * v.predicted_us).all()   # the prediction is its sum
+    assert ((v.distinct_engine >= 1) & (v.distinct_engine <= 4) & (v.distinct_random <= 4)).all()  # 4 local
 
 
 def test_bad_input_names_the_argument(moe_components):

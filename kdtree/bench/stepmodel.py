@@ -39,7 +39,7 @@ from kdtree.bench.timing import time_graph, time_host
 from kdtree.engine.config import ModelConfig, get_config, get_drafter_config
 from kdtree.engine.ddtree import chain_tree, run_phases, start
 from kdtree.engine.drafter import SyntheticDrafter
-from kdtree.engine.model import RMSNorm, SwiGLU, build_model
+from kdtree.engine.model import MoE, RMSNorm, SwiGLU, build_model
 
 # The DDTree paper (arXiv 2604.12989), MATH-500, Qwen3-8B, T = 0, read off its Fig. 3:
 # acceptance length against budget, and the single chain (DFlash, 15 deep).
@@ -439,6 +439,33 @@ def speedup_table(components: pd.DataFrame, *, layers: int, first_dense: int, ba
     return pd.DataFrame(rows)
 
 
+def engine_moe_inputs(model, prompts, budget, drafter, new: int) -> list[torch.Tensor]:
+    """The inputs [B, N, dim] of each MoE layer in one verify forward of the engine's own step.
+
+    Starts a run (``kdtree.engine.ddtree.start``; ``budget`` 0 is greedy decoding), takes one
+    step, and records the next step's MoE inputs with forward pre-hooks: the activations the
+    engine's routers see, tree tokens included.
+    """
+    mode = "ar" if budget == 0 else "ddtree"
+    _, phases = start(model, prompts, new, mode, drafter if budget else None, max(budget, 1))
+    run_phases(phases)
+    seen = []
+    moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
+    hooks = [m.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone())) for m in moes]
+    try:
+        run_phases(phases)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def _distinct(moe: MoE, x: torch.Tensor) -> int:
+    """Local experts the router picks for the tokens of x [..., dim]."""
+    expert = moe.route(x.reshape(-1, x.shape[-1]))[1]
+    return int(expert[expert < moe.w1.shape[0]].unique().numel())
+
+
 def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prompt: int = 512, new: int = 64,
              steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0) -> pd.DataFrame:
     """The step model against the engine's measured step at ``preset`` with ``layers`` layers.
@@ -447,9 +474,17 @@ def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prom
     preset's model (random weights, the synthetic drafter; acceptance does not change a
     step's time, the shapes being static) at each budget and for greedy decoding. The model:
     ``measure_components`` at the same batch and budgets with the prefix at mid-run
-    (``prompt + new / 2``), summed by ``predict`` for ``layers`` layers on one GPU. One row per
-    budget: measured_us, predicted_us, ratio (predicted / measured), and the prediction's
-    components.
+    (``prompt + new / 2``), summed by ``predict`` for ``layers`` layers on one GPU.
+
+    The MoE's time depends on how many experts its tokens touch, which depends on the data:
+    ``measure_components`` routes random activations, while the engine routes its own hidden
+    states, whose tree tokens (random weights, a synthetic drafter that reuses candidates
+    across depths) can share experts far more. So the MoE term is given both ways: measured
+    on each MoE layer's own inputs in one of the engine's verify forwards
+    (``engine_moe_inputs``; ``predicted_us``, ``ratio``) and as the components' random
+    routing (``predicted_random_us``, ``ratio_random``), with the mean distinct local experts
+    per layer of each (``distinct_engine``, ``distinct_random``). One row per budget (0:
+    greedy decoding), with the prediction's components (``c_*``, engine routing).
     """
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
@@ -460,14 +495,20 @@ def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prom
     dcfg = get_drafter_config(drafter)
     d = SyntheticDrafter(dcfg, cfg.vocab_size, seed=seed, device=device, dtype=dtype)
     d.set_reference(torch.randint(0, cfg.vocab_size, (batch, new + dcfg.draft_len + 2), generator=gen).to(device))
-    timing = "graph" if cuda else "eager"
-    measured = {}
+    timing, timer = ("graph" if cuda else "eager"), _timer(quick)
+    moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
+    measured, engine_moe = {}, {}
     for budget in [0, *budgets]:
         mode = "ar" if budget == 0 else "ddtree"
         rows = step_breakdown(model, prompts, mode=mode, drafter=d if budget else None, budget=max(budget, 1),
                               steps=steps, warmup=2, timing=timing, max_new_tokens=new)
         measured[budget] = next(r["median_us"] for r in rows if r["phase"] == "step")
-    model = None  # free the weights before the components are measured
+        xs = engine_moe_inputs(model, prompts, budget, d, new)
+        rand = torch.randn(xs[0].shape, generator=gen).to(device, dtype)
+        engine_moe[budget] = (sum(timer(lambda m=m, x=x: m(x)).median_us for m, x in zip(moes, xs)),
+                              sum(_distinct(m, x) for m, x in zip(moes, xs)) / len(moes),
+                              sum(_distinct(m, rand) for m in moes) / len(moes))
+    model = moes = None  # free the weights before the components are measured
     if cuda:
         torch.cuda.empty_cache()
     P = prompt + new // 2
@@ -475,8 +516,13 @@ def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prom
     out = []
     for budget, meas in measured.items():
         p = predict(comps, layers=layers, first_dense=cfg.first_dense, batch=batch, budget=budget, prefix=P)
+        moe_us, distinct_engine, distinct_random = engine_moe[budget]
+        random_step, p["moe"] = p.pop("step"), moe_us
+        p["step"] = sum(p.values())
         out.append(dict(preset=preset, layers=layers, batch=batch, budget=budget, prefix=P, measured_us=meas,
-                        predicted_us=p["step"], ratio=p["step"] / meas, timing=timing,
+                        predicted_us=p["step"], ratio=p["step"] / meas, predicted_random_us=random_step,
+                        ratio_random=random_step / meas, distinct_engine=distinct_engine,
+                        distinct_random=distinct_random, timing=timing,
                         **{f"c_{n}": v for n, v in p.items() if n != "step"}))
     return pd.DataFrame(out)
 

@@ -272,23 +272,36 @@ class MoE(nn.Module):
         weight, expert = self.scores(x).topk(self.k, dim=-1)
         return weight / weight.sum(-1, keepdim=True) * self.scale, expert
 
+    def permute(self, expert: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sort the (token, slot) pairs of expert ids [T, k] by local expert, the other ranks' last.
+
+        Returns ``order`` (int64 [T k], the flat slot indices in sorted order), ``local`` (bool
+        [T k], per flat slot: its expert is on this GPU) and ``offs`` (int32 [E_local], the
+        grouped GEMM's group ends).
+        """
+        E = self.w1.shape[0]
+        flat = expert.flatten()
+        local = flat < E
+        key = torch.where(local, flat, E)                     # other ranks' slots sort last
+        order = key.argsort(stable=True)
+        counts = (key[:, None] == torch.arange(E, device=expert.device)).sum(0)
+        return order, local, counts.cumsum(0).to(torch.int32)
+
+    def expert_mlp(self, xs: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """The three grouped GEMMs (gate, up, down) with SiLU over permuted rows xs [T k, dim]."""
+        s1, s3, s2 = (self.w1_scale, self.w3_scale, self.w2_scale) if self.fp8 else (None, None, None)
+        h = F.silu(grouped_linear(xs, self.w1, offs, s1)) * grouped_linear(xs, self.w3, offs, s3)
+        return grouped_linear(h, self.w2, offs, s2)
+
     def experts(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         """The routed experts' weighted sum [T, dim] over the slots this GPU holds (expert id < E_local).
 
         Permutes the (token, slot) pairs by expert (local ones first), runs the three grouped
         GEMMs, weights each slot and sums each token's slots back in token order.
         """
-        T, E = x.shape[0], self.w1.shape[0]
-        flat = expert.flatten()
-        local = flat < E
-        key = torch.where(local, flat, E)                     # other ranks' slots sort last
-        order = key.argsort(stable=True)
-        counts = (key[:, None] == torch.arange(E, device=x.device)).sum(0)
-        offs = counts.cumsum(0).to(torch.int32)
-        xs = x[order // self.k]
-        s1, s3, s2 = (self.w1_scale, self.w3_scale, self.w2_scale) if self.fp8 else (None, None, None)
-        h = F.silu(grouped_linear(xs, self.w1, offs, s1)) * grouped_linear(xs, self.w3, offs, s3)
-        ys = grouped_linear(h, self.w2, offs, s2) * weight.flatten()[order, None].to(x.dtype)
+        T = x.shape[0]
+        order, local, offs = self.permute(expert)
+        ys = self.expert_mlp(x[order // self.k], offs) * weight.flatten()[order, None].to(x.dtype)
         ys = torch.where(local[order, None], ys, 0)           # rows past offs[-1] are undefined
         # Un-sort and sum each token's k slots: deterministic, unlike an atomic index_add.
         return torch.empty_like(ys).index_copy_(0, order, ys).view(T, self.k, -1).sum(1)
