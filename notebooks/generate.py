@@ -283,15 +283,22 @@ NOTEBOOKS = {
                  "components, speed = pd.concat(components, ignore_index=True), pd.concat(speed, ignore_index=True)\n"
                  "tree = speed[speed.decode == 'ddtree']\n"
                  "for name, part in tree.groupby('model', sort=False):\n"
-                 "    plots.show(plots.lines(part, 'budget', 'speedup', ['batch', 'prefix'],\n"
-                 "                           f'{name}: predicted DDTree speedup over greedy (tau: '\n"
-                 "                           f\"{'engine' if tau_table else 'paper'}; best budget per line in the table)\",\n"
-                 "                           ceilings, y_title='x greedy', log_y=False, spread=False))\n"
+                 "    fig = plots.lines(part, 'budget', 'speedup', ['batch', 'prefix'],\n"
+                 "                      f\"{name}: predicted DDTree speedup over greedy (tau: {'engine' if tau_table else 'paper'})\",\n"
+                 "                      ceilings, y_title='x greedy', log_y=False, spread=False)\n"
+                 "    best = part[part.best]\n"
+                 "    fig.add_scatter(x=best.budget, y=best.speedup, mode='markers', name='best budget',\n"
+                 "                    marker={'symbol': 'star', 'size': 14, 'color': 'black'})\n"
+                 "    plots.show(fig)\n"
                  "plots.table(stepmodel.best_budgets(speed))"),
         ("md", "## Where the predicted step goes (microseconds)"),
         ("code", "cols = [c for c in speed.columns if c.startswith('c_')]\n"
                  "plots.table(speed, ['model', 'batch', 'prefix', 'decode', 'budget', 'tau', 'step_us', 'speedup', *cols])"),
-        ("md", "## Validation: the step model against the engine's measured step"),
+        ("md", "## Validation: the step model against the engine's measured step\n\n`predicted_us` takes the MoE "
+               "measured on each layer's own inputs in one of the engine's verify forwards; `predicted_random_us` "
+               "the components' MoE on random activations. The engine's random-weight model and synthetic drafter "
+               "route tree tokens to fewer experts (`distinct_engine`) than random activations do "
+               "(`distinct_random`, near the uniform closed form): the MoE's cost follows the routing."),
         ("code", "check = stepmodel.validate(validate_preset, layers=validate_layers, batch=validate_batch,\n"
                  "                            budgets=validate_budgets, prompt=validate_prompt, new=validate_new,\n"
                  "                            drafter=drafter, quick=quick)\n"
@@ -299,7 +306,8 @@ NOTEBOOKS = {
                  "                      speed.assign(table='speedup'), check.assign(table='validation')],\n"
                  "                     ignore_index=True), results_path)\n"
                  "plots.table(check, ['preset', 'layers', 'batch', 'budget', 'prefix', 'timing', 'measured_us',\n"
-                 "                    'predicted_us', 'ratio'])"),
+                 "                    'predicted_us', 'ratio', 'distinct_engine', 'predicted_random_us', 'ratio_random',\n"
+                 "                    'distinct_random'])"),
     ],
     "99_summary": [
         ("md", "# Run summary\n\nEvery point of the run, the device ceilings, the roofline of all "
