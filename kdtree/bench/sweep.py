@@ -61,7 +61,7 @@ import pandas as pd
 from kdtree.bench.atomic import atomic_path, write_text
 from kdtree.bench.notebook_run import execute_notebook
 from kdtree.bench.results import load_table, run_metadata, save_table
-from kdtree.bench.run_folder import (MANIFEST, DamagedRun, damage, file_record, latest_run, load_manifest, log,
+from kdtree.bench.run_folder import (LOCK, MANIFEST, DamagedRun, damage, file_record, latest_run, load_manifest, log,
                                      point_files, run_lock, write_manifest)
 from kdtree.bench.sweep_spec import load_spec
 
@@ -344,9 +344,13 @@ def _whole_points(run_dir: Path, manifest: dict) -> None:
     """Carry over into ``manifest`` the finished points of the run's earlier ``run.json`` whose
     files are whole; warn, one line each, about the ones that run again and why."""
     try:
-        old = load_manifest(run_dir) or {}
+        old = load_manifest(run_dir)
     except DamagedRun as exc:
         log.warning("%s: no point can be checked, every point runs again", exc)
+        old = {}
+    if old is None:
+        if any(f.name not in (LOCK, "sweep.yaml") for f in run_dir.iterdir()):
+            log.warning("%s: no %s, so no point can be checked: every point runs again", run_dir, MANIFEST)
         old = {}
     manifest["created"] = old.get("created", manifest["created"])
     for pid, e in (old.get("points") or {}).items():
