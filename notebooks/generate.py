@@ -59,12 +59,12 @@ NOTEBOOKS = {
         ("code", "plots.show(plots.latency(df[df.kernel == 'build'], 'budget', ['variant', 'mode'],\n"
                  "                        'Tree build time per call', ceilings, facet='batch'))\n"
                  "plots.table(summary(df))"),
-        ("md", "## Eager launch against graph replay"),
-        ("code", "if gpu.empty:\n"
-                 "    print('no GPU rows in this run: the CPU paths only')\n"
+        ("md", "## What an eager launch costs beyond graph replay"),
+        ("code", "if not {'eager', 'graph'} <= set(gpu['mode']):\n"
+                 "    print('no GPU rows timed both eagerly and in a graph in this run: the CPU paths only')\n"
                  "else:\n"
-                 "    plots.show(plots.eager_vs_graph(gpu, 'budget', ['variant', 'batch'], 'GPU kernels: eager against graph replay',\n"
-                 "                                    ceilings, facet='kernel'))"),
+                 "    plots.show(plots.dispatch_overhead(gpu, 'budget', ['variant', 'batch'], 'GPU kernels: eager dispatch overhead',\n"
+                 "                                       ceilings, facet='kernel'))"),
         ("md", "## Diagnosis"),
         ("code", "plots.table(df, ['kernel', 'variant', 'budget', 'batch', 'mode', 'l2', 'median_us', 'bound',\n"
                  "                  'fraction', 'diagnosis'])"),
@@ -90,7 +90,8 @@ NOTEBOOKS = {
                  "df = roofline.classify(df, ceilings)\n"
                  "save_table(df, results_path)\n"
                  "by = ['variant', 'mode']  # lines; one panel per L2 state"),
-        ("md", "## Latency scaling"),
+        ("md", "## Latency scaling\n\nEager (dashed, hollow) and graph replay (solid) over the launch floors: "
+               "where a line runs along its floor, the call is launch- or dispatch-bound."),
         ("code", "dims = ['q_len', 'prefix', 'batch', 'heads']\n"
                  "for x in plots.varying(df, dims):\n"
                  "    plots.show(plots.latency(df, x, by + plots.varying(df, dims, exclude=x),\n"
@@ -101,13 +102,6 @@ NOTEBOOKS = {
                  "                          'Verify attention: achieved TB/s on the minimum bytes', ceilings, facet='l2'))"),
         ("md", "## Roofline"),
         ("code", "plots.show(plots.roofline(df, ceilings, 'Verify attention on the measured roofline'))"),
-        ("md", "## Eager against graph replay (the launch-bound regime)"),
-        ("code", "if {'eager', 'graph'} <= set(df['mode']):\n"
-                 "    x = (plots.varying(df, dims) or ['q_len'])[0]\n"
-                 "    plots.show(plots.eager_vs_graph(df, x, ['variant'] + plots.varying(df, dims, exclude=x),\n"
-                 "                                    'Verify attention: eager against graph replay', ceilings, facet='l2'))\n"
-                 "else:\n"
-                 "    print('one timing mode only in this run:', sorted(set(df['mode'])))"),
         ("md", "## Diagnosis"),
         ("code", "plots.table(df, ['variant', 'q_len', 'prefix', 'batch', 'heads', 'mode', 'l2', 'median_us',\n"
                  "                  'achieved_tflops', 'achieved_tbs', 'bound', 'fraction', 'diagnosis'])"),
@@ -152,18 +146,20 @@ NOTEBOOKS = {
                  "          plots.row_text(unsettled, ['accuracy', 'mode', 'budget'], named=True).tolist())\n"
                  "plots.show(plots.lines(tree, 'budget', 'tokens_per_s', ['accuracy', 'mode'], 'DDTree tokens/s',\n"
                  "                       ceilings, y_title='tokens / s', log_y=False, spread=False,\n"
-                 "                       hlines={'greedy decoding': base}))\n"
+                 "                       hlines={'greedy decoding': base},\n"
+                 "                       note='tokens per second of the whole loop on this device, beside greedy decoding'))\n"
                  "plots.show(plots.lines(tree, 'budget', 'speedup', ['accuracy', 'mode'], 'DDTree speedup over greedy',\n"
                  "                       ceilings, y_title='x greedy', log_y=False, spread=False,\n"
-                 "                       hlines={'paper, Qwen3-8B on H200': paper['speedup_ddtree']}))\n"
+                 "                       hlines={'paper, Qwen3-8B on H200': paper['speedup_ddtree']},\n"
+                 "                       note=\"the same runs over greedy decoding, against the paper's end-to-end speedup\"))\n"
                  "plots.show(plots.lines(tree, 'budget', 'tau', ['accuracy', 'mode'], 'Acceptance length',\n"
                  "                       ceilings, y_title='tokens per step', log_y=False, spread=False,\n"
                  "                       hlines={'paper, chain': paper['tau_chain'],\n"
-                 "                               'paper, DDTree 512': paper['tau_ddtree_512']}))\n"
+                 "                               'paper, DDTree 512': paper['tau_ddtree_512']},\n"
+                 "                       note=\"tokens accepted per step: what the tree buys, independent of the device\"))\n"
                  "plots.table(through)"),
         ("md", "## Where a step's time goes"),
-        ("code", "plots.table(breakdown.pivot_table(index='phase', columns=['mode', 'decode', 'budget'],\n"
-                 "                                  values='median_us').round(1).reset_index())"),
+        ("code", "plots.breakdown_table(breakdown)"),
     ],
     "04_counters": [
         ("md", "# The models against the hardware counters\n\nEvery kernel (every verify variant, the tree "
@@ -314,9 +310,9 @@ NOTEBOOKS = {
                "verify-attention points, and one diagnosis line per kernel, variant, timing mode "
                "and L2 state. `kdtree report <run-id>` executes this notebook and renders it as the "
                "run's index page."),
-        ("parameters", 'run_dir = ""  # the run directory; empty: the latest run under parameterized_runs/'),
-        ("code", "from kdtree.bench import plots, report, sweep\n\n"
-                 "run_dir = run_dir or str(sweep.latest_run('parameterized_runs'))\n"
+        ("parameters", 'run_dir = ""  # the run directory; empty: the latest run under parameterized_runs/ here or above'),
+        ("code", "from kdtree.bench import plots, report\n\n"
+                 "run_dir = str(report.find_run(run_dir))  # empty: the latest run of the repository\n"
                  "df, ceilings, manifest = report.load_run(run_dir)\n"
                  "print(manifest['run_id'], '|', ceilings.caption())\n"
                  "print({k: v for k, v in manifest['metadata'].items() if k != 'host'})"),

@@ -150,8 +150,9 @@ def test_back_to_back_cpu_runs_compare_every_point_and_flag_under_5_percent(tmp_
         assert head[head.index("a"):head.index("a") + 4] == ["a", "b", "ratio b/a", "flag"]
         assert all(any(r[i] for r in body) for i in range(len(head))), f"an all-empty column in {head}"
     # The share of flagged points: the rule must keep two runs of the same code quiet. A host busy
-    # with other work while the runs ran (load above its CPU count) measures that work, not noise.
-    busy = max(load_before, load_after) > (os.cpu_count() or 1)
+    # with other work while the runs ran measures that work, not the runs' noise: on a 2-CPU host
+    # at a load of 2 to 10, CPU timings of back-to-back runs moved by 1.5x to 3x.
+    busy = max(load_before, load_after) > 0.75 * (os.cpu_count() or 1)
     if busy:
         pytest.skip(f"host load {max(load_before, load_after):.1f} on {os.cpu_count()} CPUs: timings not comparable")
     assert (faster + slower) / compared < 0.05, out
