@@ -26,9 +26,9 @@ import pandas as pd
 from kdtree.bench.display import eng, fmt
 
 # What names a point: the sweep parameters, what ran, how it was timed, and the launch plan.
-KEYS = ("kernel", "variant", "path", "table", "decode", "accuracy", "phase", "routing", "model", "preset",
-        "budget", "q_len", "prefix", "batch", "heads", "depth", "topk", "tokens", "layout", "impl", "splits",
-        "mode", "l2")
+KEYS = ("kernel", "variant", "path", "table", "decode", "accuracy", "phase", "component", "routing", "zipf_a",
+        "model", "preset", "layers", "gpus", "budget", "q_len", "prefix", "batch", "heads", "depth", "topk", "tokens",
+        "nodes", "layout", "impl", "splits", "mode", "l2")
 # metric -> (label, unit, higher is better, spread columns or None). Times are in us.
 METRICS = {
     "median_us": ("time", "us", False, ("p20_us", "p80_us")),
@@ -135,7 +135,7 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 def point_label(t: pd.DataFrame) -> pd.Series:
     """A short name per row: kernel, variant, the parameters as ``name=value``, mode, L2 state,
     and the metric where it is not the time."""
-    bare = {"kernel", "variant", "path", "table", "decode", "phase", "mode", "l2"}
+    bare = {"kernel", "variant", "path", "table", "decode", "phase", "component", "mode", "l2"}
     keys = [k for k in t.attrs.get("keys", KEYS) if k in t.columns]
 
     def one(r):
@@ -167,7 +167,7 @@ def summary(t: pd.DataFrame, top: int = 5) -> dict:
 
 def rule_text(sigma: dict) -> str:
     """The flag rule in words, with this comparison's between-run sigma."""
-    s = ", ".join(f"{METRICS[m][0]} {100 * v:.2g}%" for m, v in sigma.items())
+    s = ", ".join(f"{METRICS[m][0]} {100 * v:.3g}%" for m, v in sigma.items())
     return (f"flagged where the ratio is outside both runs' p20-p80 spreads, at least {MIN_CHANGE:.0%} "
             f"(and {MIN_US:g} us for times) and beyond {Z:g} sigma of the scatter between the runs "
             f"(sigma from the points themselves: {s or 'n/a'})")

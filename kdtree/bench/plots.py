@@ -86,7 +86,7 @@ def label(fig: go.Figure, title: str, ceilings: Ceilings, df: pd.DataFrame | Non
     """Put ``title``, ``note`` (what this chart shows that the others do not) and the caption
     (device, ceilings, L2 state, timing mode) on ``fig``; a compact horizontal legend below."""
     sub = (f"<br><sup>{note}</sup>" if note else "") + f"<br><sup>{caption(ceilings, df)}</sup>"
-    fig.update_layout(title={"text": title + sub, "x": 0.01, "y": 0.98, "yanchor": "top"},
+    fig.update_layout(title={"text": title + sub, "x": 0.01}, height=fig.layout.height or 540,
                       margin={"t": 130 if note else 100, "b": 40}, template="plotly_white",
                       legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.14, "yanchor": "top",
                               "font": {"size": 11}, "groupclick": "togglegroup", "traceorder": "normal"})
@@ -332,7 +332,10 @@ def roofline(df: pd.DataFrame, ceilings: Ceilings, title: str, color: str = "var
     if ceilings.kind == "gpu" and "mode" in d.columns:
         d = d[d["mode"] != "eager"]
     fig = go.Figure()
+    peak = np.nanmax([ceilings.tensor_flops, ceilings.fp32_flops])
+    ridges = [peak / bw for bw in (ceilings.hbm_bw, ceilings.l2_bw) if math.isfinite(bw) and bw > 0]
     lo, hi = (d["intensity"].min() / 10, d["intensity"].max() * 10) if len(d) else (0.1, 1e4)
+    lo, hi = min([lo, *(r / 10 for r in ridges)]), max([hi, *(r * 3 for r in ridges)])   # both knees in view
     grid = np.logspace(math.log10(lo), math.log10(hi), 64)
     for roof, g in roof_lines(ceilings, grid).groupby("roof", sort=False):
         y = g["flops"].to_numpy() / 1e12
