@@ -95,7 +95,7 @@ def verify_rows(df: pd.DataFrame, ceilings) -> list[list[str]]:
 
 def counter_rows(combined: pd.DataFrame) -> list[list[str]]:
     """The cost model against the counters, per profiled call (DRAM bytes and tensor FLOPs)."""
-    if "figure" not in combined.columns:
+    if not {"figure", "launch", "call"} <= set(combined.columns):
         return []
     c = combined[combined["figure"].notna() & (combined["launch"].astype(str) == "all")]
     rows = []
