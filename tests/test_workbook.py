@@ -222,5 +222,6 @@ def test_cli_reports_a_run_whose_timed_points_all_failed(tmp_path, capsys):
     text = (reports / "p" / "index.html").read_text()
     assert "<b>failed</b>" in text and "no point with a FLOP model" in text
     assert len(list((reports / "p" / "02_verify_attention").glob("*.html"))) == 1   # the failed page
-    with pytest.raises(ValueError, match="no timed results"):
-        main(["compare", str(tmp_path / "p"), str(tmp_path / "p"), "--reports", str(reports)])
+    assert main(["compare", str(tmp_path / "p"), str(tmp_path / "p"), "--reports", str(reports)]) == 2
+    err = capsys.readouterr().err   # a user error: one line, no traceback
+    assert err.startswith("kdtree: error: ") and "no timed results" in err and err.count("\n") == 1
