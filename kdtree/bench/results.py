@@ -22,14 +22,17 @@ def git_state(path: str | Path | None = None) -> dict:
     Asks ``git rev-parse HEAD`` and ``git status --porcelain`` in ``path`` (default: the folder
     of this package), so it works from any working directory inside the checkout. Outside a
     checkout (an installed wheel, a copy without ``.git``) the commit is ``"unknown"`` and the
-    dirty flag None; ``KDTREE_GIT_SHA`` (and ``KDTREE_GIT_DIRTY=1``) then supply them, for copies
-    of a checkout made by a device runner.
+    dirty flag None. ``KDTREE_GIT_SHA`` (and ``KDTREE_GIT_DIRTY=1``), when set, take precedence:
+    a copy of a checkout made by a remote runner may carry a stale ``.git`` under newer files,
+    so the runner passes the commit it copied.
 
     Returns
     -------
     dict
         ``git_sha`` (full sha or ``"unknown"``) and ``git_dirty`` (bool or None).
     """
+    if os.environ.get("KDTREE_GIT_SHA"):
+        return {"git_sha": os.environ["KDTREE_GIT_SHA"], "git_dirty": os.environ.get("KDTREE_GIT_DIRTY") == "1"}
     here = Path(path) if path is not None else Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -39,8 +42,6 @@ def git_state(path: str | Path | None = None) -> dict:
         return {"git_sha": sha, "git_dirty": bool(status.strip())}
     except (OSError, subprocess.SubprocessError):
         pass
-    if os.environ.get("KDTREE_GIT_SHA"):
-        return {"git_sha": os.environ["KDTREE_GIT_SHA"], "git_dirty": os.environ.get("KDTREE_GIT_DIRTY") == "1"}
     return {"git_sha": "unknown", "git_dirty": None}
 
 
