@@ -110,7 +110,11 @@ def base(tmp_path_factory, cluster):
     folder = tmp_path_factory.mktemp("base")
     spec = make_project(folder)
     run = run_sweep(spec, run_id="r", profile="cpu", progress=False, executor="dask", scheduler=cluster)
-    check_whole(run, 3)
+    m = check_whole(run, 3)
+    assert (m["spec_path"], m["root"]) == ("sweeps/small.yaml", "../..")     # no machine paths in the run
+    for e in m["points"].values():
+        paper = json.loads((run / e["output"]).read_text())["metadata"]["papermill"]
+        assert (paper["input_path"], paper["output_path"]) == (e["notebook"], f"sweeps/r/{e['output']}")
     return spec, run
 
 

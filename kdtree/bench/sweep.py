@@ -153,6 +153,18 @@ def _sha(path: Path) -> str | None:
         return None
 
 
+def _portable(notebook: Path, source: str, output: str) -> None:
+    """Replace the absolute paths papermill records in an executed notebook's metadata by
+    paths relative to the sweep's root (``source``, ``output``): a run folder names no machine."""
+    if not notebook.exists():
+        return
+    nb = json.loads(notebook.read_text())
+    meta = nb.get("metadata", {}).get("papermill")
+    if isinstance(meta, dict):
+        meta.update(input_path=source, output_path=output)
+        notebook.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+
+
 def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout: float | None) -> dict:
     """Run one point with papermill, on a worker; returns its manifest entry (status ok).
 
@@ -190,8 +202,11 @@ def _execute(point: Point, spec: dict, run_dir: Path, kernel_name: str, timeout:
     t0 = time.perf_counter()
     try:
         with atomic_path(out_nb, keep_on_error=True) as tmp_nb:
-            execute_notebook(str(root / point.notebook), str(tmp_nb), params, cwd=str(root),
-                             kernel_name=kernel_name, timeout=timeout, label=point.point_id)
+            try:
+                execute_notebook(str(root / point.notebook), str(tmp_nb), params, cwd=str(root),
+                                 kernel_name=kernel_name, timeout=timeout, label=point.point_id)
+            finally:
+                _portable(tmp_nb, point.notebook, str(rel / out_nb.relative_to(run_dir)))
         if not (run_dir / entry["results"]).exists():
             raise RuntimeError(f"notebook ran but wrote no results at {results}.parquet")
         files = {name: file_record(run_dir / name) for name in point_files(run_dir, entry)}
@@ -443,26 +458,28 @@ def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool 
                            for p in points}}
     first = spec["notebooks"][0]["notebook"]        # runs first: the default sweep measures ceilings there
 
-    with contextlib.ExitStack() as stack:
-        # A new run connects to its cluster before its folder exists: a cluster that never
-        # answers leaves nothing behind. An existing run is checked (under its lock) first.
-        client = None if run_dir.exists() else stack.enter_context(sweep_client(executor, scheduler))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        stack.enter_context(run_lock(run_dir))
-        _whole_points(run_dir, manifest)
-        todo = [p for p in points if manifest["points"][p.point_id]["status"] != "ok"]
-        if todo and client is None:
-            client = stack.enter_context(sweep_client(executor, scheduler))
-        write_text(run_dir / "sweep.yaml", spec["path"].read_text())
-        write_manifest(run_dir, manifest)
-        waves = [w for w in ([p for p in todo if p.notebook == first], [p for p in todo if p.notebook != first]) if w]
-        bar = tqdm(total=len(todo), desc=f"sweep {run_id}", unit="point", disable=not progress)
-        try:
-            for wave in waves:
-                _run_points(client, wave, spec, run_dir, manifest, bar, kernel_name, timeout)
-        finally:
-            bar.close()
-            _save_combined(run_dir, manifest)
+    fresh = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with run_lock(run_dir):                 # held until the cluster is closed: no writer outlives it
+            _whole_points(run_dir, manifest)
+            todo = [p for p in points if manifest["points"][p.point_id]["status"] != "ok"]
+            with sweep_client(executor, scheduler) if todo else contextlib.nullcontext() as client:
+                write_text(run_dir / "sweep.yaml", spec["path"].read_text())
+                write_manifest(run_dir, manifest)
+                waves = [w for w in ([p for p in todo if p.notebook == first],
+                                     [p for p in todo if p.notebook != first]) if w]
+                bar = tqdm(total=len(todo), desc=f"sweep {run_id}", unit="point", disable=not progress)
+                try:
+                    for wave in waves:
+                        _run_points(client, wave, spec, run_dir, manifest, bar, kernel_name, timeout)
+                finally:
+                    bar.close()
+                    _save_combined(run_dir, manifest)
+    except BaseException:
+        if fresh and not any(run_dir.iterdir()):        # a new run that never started leaves nothing behind
+            run_dir.rmdir()
+        raise
     return run_dir
 
 
