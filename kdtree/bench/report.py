@@ -350,7 +350,8 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
             + f". Devices: {html.escape(str(dev[0]))} ({html.escape(ida)}), {html.escape(str(dev[1]))} "
               f"({html.escape(idb)}).</p><p>{html.escape(compare.rule_text(s['sigma']))}.</p>"
             + "<p>Largest changes:</p><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in s["largest"]) + "</ul>"
-            + _ratio_chart(t, ida, idb).to_html(full_html=False, include_plotlyjs=False, config={"displaylogo": False})
+            + _ratio_chart(t, ida, idb).to_html(full_html=False, include_plotlyjs=False,
+                                                config={"displaylogo": False, "displayModeBar": False})
             + "<h2>Every compared point</h2>"
             + "".join(f"<h3>{html.escape(group)}</h3>" + _table_html(_compare_display(g), row_class=list(g["flag"]))
                       for group, g in _groups(t)))
@@ -373,8 +374,9 @@ def _ratio_chart(t: pd.DataFrame, ida: str, idb: str):
 
     d = t[t["ratio"].notna()]
     higher = d["metric"].map(lambda m: compare.METRICS[m][2])
-    d = d.assign(slowdown=d["ratio"].where(~higher, 1 / d["ratio"]), label=compare.point_label(d).to_numpy())
-    d = d.sort_values("slowdown")
+    label = compare.point_label(d)
+    label = label + label.groupby(label).cumcount().map(lambda i: f" ({i + 1})" if i else "")   # repeats apart
+    d = d.assign(slowdown=d["ratio"].where(~higher, 1 / d["ratio"]), label=label.to_numpy()).sort_values("slowdown")
     colors = {"slower": plots.VERMILLION, "faster": plots.BLUE}
     fig = go.Figure()
     for flag, g in d.groupby("flag", sort=False):
@@ -392,15 +394,18 @@ def _ratio_chart(t: pd.DataFrame, ida: str, idb: str):
                                  line={"color": plots.REFERENCE_COLOR, "dash": "longdash"}))
         fig.add_annotation(x=0, y=y1, xref="x", yref="y", text="no change", showarrow=False, yanchor="bottom",
                            xanchor="left", font={"size": 11, "color": plots.REFERENCE_COLOR})
-    fig.update_xaxes(type="log", title=f"slowdown of {idb} against {ida} (times b/a, rates a/b; above 1: slower)")
-    fig.update_yaxes(type="category", automargin=True, tickfont={"size": 10}, dtick=1)
-    fig.update_layout(template="plotly_white", height=220 + 18 * max(len(d), 4), margin={"t": 120},
+    fig.update_xaxes(type="log", side="top",           # the scale above a chart that may run long
+                     title=f"slowdown of {idb} against {ida} (times b/a, rates a/b; above 1: slower)")
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=list(d["label"]), automargin=True,
+                     tickfont={"size": 10}, dtick=1, range=[-0.5, len(d) + 0.5])
+    fig.update_layout(template="plotly_white", height=240 + 18 * max(len(d), 4), margin={"t": 150},
                       title={"text": "What changed, point by point<br><sup>flagged: outside both runs' spreads, "
                                      f"past {compare.MIN_CHANGE:.0%} and {compare.MIN_US:g} us, and past {compare.Z:g} "
                                      f"sigma of the scatter between the runs (sigma of the times "
                                      f"{100 * t.attrs['sigma'].get('median_us', 0):.2g}%)</sup>",
                              "x": 0.01},
-                      legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"})
+                      legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1, "yanchor": "top",
+                              "xref": "container", "yref": "container"})
     return fig
 
 
