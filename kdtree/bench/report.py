@@ -201,7 +201,8 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
     """Render a run: the summary notebook (executed now), one page per point, and the indexes.
 
     ``publish``: list the run in ``reports/index.html`` (the committed list) and link its pages
-    there; otherwise it is listed in ``reports/local.html`` only, and no tracked file changes.
+    there (a run published once stays so); otherwise it is listed in ``reports/local.html``
+    only, and no tracked file changes.
     Returns the path of ``reports/<run-id>/index.html``.
     """
     import papermill as pm
@@ -219,6 +220,7 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
                         kernel_name=kernel_name, progress_bar=False)
     pages = {pid for pid, e in manifest["points"].items()
              if e.get("status") in ("ok", "failed") and e.get("output") and (run_dir / e["output"]).exists()}
+    publish = publish or _published(out / "run.json")          # once published, a re-render keeps it listed
     all_runs = INDEX if publish else LOCAL_INDEX
     for pid in sorted(pages):
         page = f"{pid}.html"
@@ -239,6 +241,11 @@ def _repo_notebook(manifest: dict, name: str) -> Path:
         if (root / "notebooks" / name).exists():
             return root / "notebooks" / name
     raise ValueError(f"cannot find notebooks/{name}; pass summary_notebook=")
+
+
+def _published(info: Path) -> bool:
+    """Whether the run.json / compare.json of a rendered report marks it published."""
+    return info.exists() and bool(json.loads(info.read_text()).get("published"))
 
 
 def render_index(reports_root: str | Path = "reports", publish: bool = False) -> Path:
@@ -338,6 +345,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
     out = root / name / "index.html"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_plotly_js(root)
+    publish = publish or _published(out.parent / "compare.json")
     links = " · ".join(f'<a href="../{r}/index.html">{r}</a>' for r in (ida, idb) if (root / r / "index.html").exists())
     body = (f'<nav><a href="../{INDEX if publish else LOCAL_INDEX}">all runs</a>{" · " + links if links else ""}</nav>'
             f"<h1>{html.escape(idb)} against {html.escape(ida)}</h1>"
