@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kdtree.attention import HEADS, random_case, reference_attention
+from attention_cases import random_case
+from kdtree.attention import HEADS, reference_attention
 from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, PAPER_MATH500_QWEN3_8B_FIGURES, ModelConfig,
                            SyntheticDrafter, allocate_cache, build_model,
                            chain_tree, generate, get_config, get_drafter_config, latent_attention,
