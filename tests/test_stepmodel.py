@@ -137,7 +137,7 @@ def test_validate_on_cpu():
     assert list(v.budget) == [0, 16] and (v.measured_us > 0).all()
     assert (v.ratio == v.predicted_us / v.measured_us).all() and (v.timing == "eager").all()
     assert (v.ratio_random == v.predicted_random_us / v.measured_us).all()
-    parts = v[[c for c in v.columns if c.startswith("c_")]].sum(1)
+    parts = v[[c for c in v.columns if c.startswith("c_")]].sum(axis=1)
     assert ((parts - v.predicted_us).abs() <= 1e-9 * v.predicted_us).all()   # the prediction is its sum
     assert ((v.distinct_engine >= 1) & (v.distinct_engine <= 4) & (v.distinct_random <= 4)).all()  # 4 local
 

@@ -412,13 +412,15 @@ def speedup_table(components: pd.DataFrame, *, layers: int, first_dense: int, ba
     """Predicted step time and DDTree's speedup over greedy decoding against budget.
 
     ``tau`` (budget -> acceptance length) defaults to ``PAPER_TAU`` and ``tau_chain`` to
-    ``PAPER_TAU_CHAIN``. One row per (batch, prefix, decode, budget): step_us (predicted),
+    ``PAPER_TAU_CHAIN``. One row per (batch, prefix, decode, budget): the components' timing
+    mode and L2 state (``mode``, ``l2``), step_us (predicted),
     greedy_us, tau, tokens_per_s (per sequence), speedup, best (the best budget of its
     (batch, prefix)), and the components (``c_*`` columns, microseconds).
     """
     tau = PAPER_TAU if tau is None else tau
     tau_chain = PAPER_TAU_CHAIN if tau_chain is None else tau_chain
     kw = dict(layers=layers, first_dense=first_dense, gpus=gpus, link=link, comm=comm, dim=dim, k=k)
+    mode, l2 = ("+".join(sorted(components[c].astype(str).unique())) for c in ("mode", "l2"))
     rows = []
     for B in batches:
         for P in prefixes:
@@ -427,7 +429,7 @@ def speedup_table(components: pd.DataFrame, *, layers: int, first_dense: int, ba
             part = []
             for decode, budget, t in runs:
                 p = predict(components, batch=B, budget=budget, prefix=P, **kw)
-                part.append(dict(model=label, gpus=gpus, batch=B, prefix=P, decode=decode,
+                part.append(dict(model=label, gpus=gpus, batch=B, prefix=P, decode=decode, mode=mode, l2=l2,
                                  budget=15 if budget == "chain" else int(budget), tau=t, step_us=p["step"],
                                  greedy_us=greedy["step"], tokens_per_s=t / p["step"] * 1e6,
                                  speedup=t * greedy["step"] / p["step"],
