@@ -2,7 +2,7 @@
 
 Usage: OUT=DIR PYTHONPATH=. python3 scripts/gpu_moe.py  (tables land in DIR/moe).
 """
-import json, os, sys, time
+import os, time
 import torch
 OUT = os.environ["OUT"] + "/moe"
 os.makedirs(OUT, exist_ok=True)
