@@ -316,9 +316,14 @@ def roofline_points(joined: pd.DataFrame) -> pd.DataFrame:
 
 def default_points(quick: bool = True) -> list[dict]:
     """The profiled points: every verify variant at B=1, N=33, H=64, P=4096 (and N=257 unless
-    ``quick``), the tree build on both paths, accept and compaction at budget 64, batch 8."""
+    ``quick``), the tree build on both paths, accept and compaction at budget 64, batch 8. Unless
+    ``quick``, ``fused`` also at a long-prefix batch (B=4, N=129, H=64, P=16384) and at the
+    tensor-parallel shard's memory-bound shape (B=64, N=9, H=8, P=16384)."""
     verify = [dict(kernel="verify_attention", variant=v, batch=1, q_len=n, heads=64, prefix=4096)
               for n in ((33,) if quick else (33, 257)) for v in ("fused", "fused_mma", "cascade", "naive")]
+    if not quick:
+        verify += [dict(kernel="verify_attention", variant="fused", batch=b, q_len=n, heads=h, prefix=16384)
+                   for b, n, h in ((4, 129, 64), (64, 9, 8))]
     tree = dict(batch=8, budget=64, depth=15, topk=64)
     return verify + [dict(kernel="build_tree", variant=v, **tree) for v in ("parallel", "heap")] + [
         dict(kernel=k, variant="gpu", **tree) for k in ("accept_tree", "compact_kv")]
