@@ -1,4 +1,4 @@
-"""Issue 5's engine measurements in one call: DDTree step breakdowns and throughput sweeps.
+"""The engine's measurements in one call: DDTree step breakdowns and throughput sweeps.
 
 Usage (GPU host, from the repository root):
 

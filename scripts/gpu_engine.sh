@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5's GPU measurements in one call on a GPU host: the engine's GPU tests (bf16 divergence
+# The engine's GPU measurements in one call on a GPU host: the engine's GPU tests (bf16 divergence
 # report, graph capture), then engine_bench.py per preset in $PRESETS (default Kimi K2's
 # attention shapes on one GPU; add kimi_k2_tp8 for a TP8 head slice). Usage:
 # [PRESETS="kimi_k2_attn kimi_k2_tp8"] bash scripts/gpu_engine.sh [OUT_DIR]; ~6 min per preset

@@ -1,6 +1,6 @@
 """verify_attention: every variant against the float64 reference, and every bad-input path.
 
-Tolerances (issue 3): relative Frobenius error of out <= 1e-2 (bf16 output), lse absolute error
+Tolerances: relative Frobenius error of out <= 1e-2 (bf16 output), lse absolute error
 <= 1e-3, the -inf pattern of lse equal (rows that see no key), outputs poisoned with NaN first so
 an unwritten element fails, never NaN.
 """

@@ -13,7 +13,7 @@ those of ``ddtree_phases`` (draft, topk, build, verify, accept, compact, commit)
 * ``step``: a whole step; ``host``: host time to issue one step (eager: the Python and launch
   cost of all phases; graph: one ``graph.replay()`` call).
 
-Timing rules (DESIGN.md): device time from CUDA events, warm-up first, median and spread of
+Timing rules (docs/design.md, measurement rules): device time from CUDA events, warm-up first, median and spread of
 many repetitions. ``timing="graph"`` captures each phase in its own graph and replays them in
 order (each replay costs one graph launch, so the phases sum to a bit more than ``step``, which
 is the whole step in one graph). On CPU the work is synchronous and the host clock is the
@@ -298,7 +298,7 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
                   budgets=(1, 16, 32, 64, 128, 256, 512), breakdown_budgets=(16, 64, 256, 512),
                   accuracies=("paper", "0.7", "0.8", "0.95"), steps: int = 20, seed: int = 0,
                   max_rounds: int = 16):
-    """Issue 5's two tables for one model: throughput against budget and the step breakdown.
+    """The engine's two tables for one model: throughput against budget and the step breakdown.
 
     Builds the preset (bf16 on CUDA, float32 on CPU) and the synthetic drafter at each accuracy
     (``"paper"`` is its calibration to the DDTree paper, ``PAPER_MATH500_QWEN3_8B``; a number
