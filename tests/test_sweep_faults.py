@@ -304,6 +304,11 @@ def test_sigint_keeps_finished_points_and_resume_finishes(tmp_path, cluster):
     _wait_for_ok(run, 1, proc)
     os.killpg(proc.pid, signal.SIGINT)                                  # Ctrl-C: the whole process group
     _, err = proc.communicate(timeout=180)
+    # Known, intermittent and not kdtree's: an asyncio loop of a dask process garbage-collected
+    # after its self-pipe was closed prints this block while the cluster shuts down. Only it is
+    # tolerated; any other traceback fails the test.
+    err = re.sub(r"Exception ignored in: <function BaseEventLoop.__del__.*?ValueError: Invalid file descriptor: -1\n",
+                 "", err, flags=re.S)
     assert proc.returncode == 130 and "Traceback" not in err and "[IPKernelApp]" not in err, err
     assert _errors(err)[-1] == ("sweep interrupted: finished points are kept; run again with the same --run-id "
                                 "(or --resume)"), err
