@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from kdtree.bench.atomic import write_text
 from kdtree.bench.timing import time_events, time_graph, time_host
 
 # Vendor datasheet values (SXM parts): labels for the figures, never used as roofs.
@@ -139,11 +140,10 @@ class Ceilings:
         return pd.DataFrame(rows)
 
     def save(self, path: str | Path) -> Path:
-        """Write the ceilings as JSON."""
+        """Write the ceilings as JSON, whole or not at all (a unique temporary name, then a rename)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
-        return path
+        return write_text(path, json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "Ceilings":
