@@ -83,9 +83,9 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
         raise AssertionError(f"GPU accept differs from the reference at budget={budget} batch={batch}")
     prefix = torch.full((batch,), PREFIX, dtype=torch.int64, device=dev)
     kv = torch.randn(batch, PREFIX + budget + 1, KV_DIM, device=dev).to(torch.bfloat16)
-    accept = lambda: kdtree.accept_tree(tree, target)  # noqa: E731
+    accept = lambda: kdtree.accept_tree(tree, target, validate=False)  # noqa: E731
     compact = lambda: kdtree.compact_kv(kv, prefix, acc, validate=False)  # noqa: E731
-    both = lambda: kdtree.compact_kv(kv, prefix, kdtree.accept_tree(tree, target), validate=False)  # noqa: E731
+    both = lambda: kdtree.compact_kv(kv, prefix, kdtree.accept_tree(tree, target, validate=False), validate=False)  # noqa: E731
     shape = {"accepted": float(acc.length.float().mean()), "moved": moved_rows(acc)}
     for name, fn in (("accept", accept), ("compact", compact), ("accept+compact", both)):
         rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=reps)) | shape)

@@ -246,7 +246,7 @@ def ddtree_phases(model: Transformer, drafter: Drafter, state: DecodeState, budg
         s["logits"] = drafter.draft(state.root, cache.lengths, state.n_out)
 
     def top_k():
-        s["logprobs"], s["tokens"] = topk_logprobs(s["logits"], topk)
+        s["logprobs"], s["tokens"] = topk_logprobs(s["logits"], topk, validate=False)
 
     def build():
         s["tree"] = build_tree(s["logprobs"], s["tokens"], budget, root_tokens=state.root, validate=False)
@@ -255,7 +255,7 @@ def ddtree_phases(model: Transformer, drafter: Drafter, state: DecodeState, budg
         s["target"] = model(s["tree"].tokens, s["tree"], cache).argmax(-1)    # [B, N]
 
     def accept():
-        s["acc"] = accept_tree(s["tree"], s["target"])
+        s["acc"] = accept_tree(s["tree"], s["target"], validate=False)
 
     def compact():
         compact_kv(cache.kv, cache.lengths, s["acc"], validate=False)
