@@ -25,3 +25,15 @@ def test_runner_sha_takes_precedence(monkeypatch):
     assert git_state(ROOT) == {"git_sha": "0123abc", "git_dirty": True}
     monkeypatch.setenv("KDTREE_GIT_DIRTY", "0")
     assert git_state(ROOT)["git_dirty"] is False
+
+
+def test_combined_table_with_a_mixed_column_is_written(tmp_path):
+    # Two notebooks' tables may share a column name with different types (a number, a name).
+    import pandas as pd
+
+    from kdtree.bench.results import load_table, save_table
+
+    df = pd.DataFrame({"model": [1.5, None, "kimi_k2_ep8"], "t": [1.0, 2.0, 3.0]})
+    back = load_table(save_table(df, tmp_path / "results", meta={"x": 1}))
+    assert list(back["model"][[0, 2]]) == ["1.5", "kimi_k2_ep8"] and pd.isna(back["model"][1])
+    assert back["t"].tolist() == [1.0, 2.0, 3.0]

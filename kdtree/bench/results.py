@@ -92,8 +92,22 @@ def save_table(df: pd.DataFrame, path: str | Path, meta: dict | None = None) -> 
     with atomic_path(path.with_suffix(".csv")) as tmp:
         df.to_csv(tmp, index=False)
     with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False)
+        _parquet_ready(df).to_parquet(tmp, index=False)
     return path
+
+
+def _parquet_ready(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every object column that mixes value types (a run's combined table can hold a
+    column of one name from two notebooks, numbers in one and names in the other) as text, the
+    way the CSV holds it; parquet columns have one type. Missing values stay missing."""
+    mixed = [c for c in df.columns if df[c].dtype == object
+             and df[c].dropna().map(lambda v: type(v).__name__).nunique() > 1]
+    if not mixed:
+        return df
+    out = df.copy()
+    for c in mixed:
+        out[c] = out[c].map(lambda v: v if v is None or (isinstance(v, float) and v != v) else str(v))
+    return out
 
 
 def load_table(path: str | Path) -> pd.DataFrame:
