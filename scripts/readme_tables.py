@@ -117,6 +117,61 @@ def counter_rows(combined: pd.DataFrame) -> list[list[str]]:
     return rows
 
 
+def engine_lines(combined: pd.DataFrame) -> list[str]:
+    """The engine notebook's graph-replay throughput and its step breakdown at the largest budget."""
+    e = combined[combined.get("notebook", pd.Series(dtype=str)) == "03_ddtree_step"]
+    if e.empty or "table" not in e:
+        return []
+    tp = e[(e["table"] == "throughput") & (e["mode"] == "graph")]
+    rows = [[("greedy" if r.decode == "ar" else r.decode) + ("" if r.decode != "ddtree" else f" {int(r.budget)}"),
+             f"{r.tau:.2f}", f"{r.tokens_per_s:.0f}", f"{r.speedup:.2f}x" + ("" if r.self_consistent else " (unsettled)")]
+            for r in tp.itertuples()]
+    out = ["", "The engine (`03_ddtree_step`: `kimi_k2_attn` at 4 layers, random weights, batch 1, "
+               "drafter calibrated to the DDTree paper; CUDA-graph replay):", "",
+           _table(["decode", "tau", "tokens/s", "speedup over greedy"], rows)]
+    bd = e[(e["table"] == "breakdown") & (e["mode"] == "graph") & (e["decode"] == "ddtree")]
+    if not bd.empty:
+        b = bd[bd["budget"] == bd["budget"].max()].set_index("phase")["median_us"]
+        tree_ops = sum(float(b.get(k, 0.0)) for k in ("build", "accept", "compact"))
+        out += ["", f"One step at budget {int(bd['budget'].max())} takes {_us(b['step'])}: verify {_us(b['verify'])} "
+                    f"(attention {_us(b['verify.attention'])}), draft {_us(b['draft'])}, tree build + accept + "
+                    f"compaction {_us(tree_ops)} ({tree_ops / b['step']:.1%}), host {_us(b['host'])} (one graph replay)."]
+    return out
+
+
+def moe_lines(combined: pd.DataFrame) -> list[str]:
+    """The MoE notebook: fraction of HBM bandwidth against verify tokens, best budgets, validation."""
+    m = combined[combined.get("notebook", pd.Series(dtype=str)) == "05_moe_verify"]
+    if m.empty or "table" not in m:
+        return []
+    out = []
+    moe = m[(m["table"] == "moe") & (m["routing"] == "model")]
+    if not moe.empty:
+        rows = [[r.variant, f"{int(r.tokens)}", f"{int(r.distinct)}", _us(r.median_us), f"{r.hbm_fraction:.0%}",
+                 f"{r.gemm_hbm_fraction:.0%}", r.bound] for r in moe.itertuples()]
+        out += ["", "One MoE layer of the Kimi K2 EP8 shard (`05_moe_verify`: 48 local of 384 experts, the "
+                    "model's router, graph replay; fraction = bytes of the distinct experts touched / time / "
+                    "measured HBM bandwidth):", "",
+                _table(["experts", "verify tokens T", "distinct experts", "layer time", "fraction of HBM",
+                        "grouped GEMMs alone", "bound"], rows)]
+    sp = m[(m["table"] == "speedup") & (m.get("best", False) == True)]  # noqa: E712
+    if "comm" in sp:
+        sp = sp[sp["comm"].isin(["allreduce"]) | sp["comm"].isna()]
+    if not sp.empty:
+        rows = [[r.model, f"{int(r.gpus)}", f"{int(r.batch)}", f"{int(r.prefix)}", f"{int(r.budget)}",
+                 f"{r.tau:.2f}", f"{r.speedup:.2f}x"] for r in sp.sort_values(["model", "batch", "prefix"]).itertuples()]
+        out += ["", "The step model's best budget (measured components, modelled links, the paper's tau curve):", "",
+                _table(["model", "GPUs", "batch", "prefix", "best budget", "tau", "speedup over greedy"], rows)]
+    val = m[m["table"] == "validation"]
+    if not val.empty:
+        rows = [[f"{int(r.batch)}", "greedy" if r.budget == 0 else f"{int(r.budget)}", _us(r.measured_us),
+                 _us(r.predicted_us), f"{r.ratio:.2f}"] for r in val.itertuples()]
+        out += ["", f"The step model against the engine's measured step (`{val['preset'].iloc[0]}`, "
+                    f"{int(val['layers'].iloc[0])} layers):", "",
+                _table(["batch", "budget", "measured", "predicted", "ratio"], rows)]
+    return out
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -147,6 +202,7 @@ def block(run_dir: str | Path) -> str:
                     f"kernel; targets: DRAM bytes within {TOLERANCE['dram_bytes']:.0%}, tensor FLOPs as executed "
                     f"within {TOLERANCE['tensor_flops']:.0%}; L2 -> SM reads shown for the picture):", "",
                 _table(["kernel", "shape", "DRAM bytes", "tensor FLOPs", "L2 -> SM reads"], cr)]
+    out += engine_lines(combined) + moe_lines(combined)
     return "\n".join(out)
 
 
