@@ -54,6 +54,17 @@ def _numbered(t: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return order.assign(**{_REP: order.groupby(keys, dropna=False, sort=False).cumcount()})
 
 
+def _family(m: pd.DataFrame) -> pd.Series:
+    """The noise family of each joined row: its kernel (or, for rows without one, its table)
+    and its timing mode."""
+    what = pd.Series("", index=m.index)
+    for col in ("table", "kernel"):
+        if col in m.columns:
+            what = m[col].astype(object).where(m[col].notna(), what)
+    mode = m["mode"].astype(object).fillna("") if "mode" in m.columns else ""
+    return what.astype(str) + "/" + mode.astype(str) if "mode" in m.columns else what.astype(str)
+
+
 def between_run_sigma(log_ratio: pd.Series) -> float:
     """Robust standard deviation of the log ratios (1.4826 x MAD about their median); 0 with
     no finite value."""
@@ -102,13 +113,21 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         # Too few points to see the scatter (the engine's throughput rows): the times' sigma.
         s = sigma[metric] = (between_run_sigma(log_r) if np.isfinite(log_r).sum() >= MIN_POINTS
                              else sigma.get("median_us", 0.0))
+        # Noise differs by family (a graph-replayed kernel against a host-timed engine phase):
+        # a family with enough points is held against its own scatter, the rest against the
+        # metric's.
+        fam = _family(m)
+        s_row = pd.Series(s, index=m.index)
+        for _, idx in log_r.groupby(fam, dropna=False).groups.items():
+            if np.isfinite(log_r[idx]).sum() >= MIN_POINTS:
+                s_row[idx] = between_run_sigma(log_r[idx])
         lo = pd.Series(1.0, index=m.index)
         hi = pd.Series(1.0, index=m.index)
         if spread:
             p20, p80 = spread
             lo = np.minimum(m[f"{p20}_a"] / va, m[f"{p20}_b"] / vb)
             hi = np.maximum(m[f"{p80}_a"] / va, m[f"{p80}_b"] / vb)
-        step = max(MIN_CHANGE, np.expm1(Z * s))
+        step = np.maximum(MIN_CHANGE, np.expm1(Z * s_row))
         lo, hi = np.minimum(lo, 1 / (1 + step)), np.maximum(hi, 1 + step)
         big = (ratio < lo) | (ratio > hi)
         if unit == "us":
@@ -170,7 +189,8 @@ def rule_text(sigma: dict) -> str:
     s = ", ".join(f"{METRICS[m][0]} {100 * v:.3g}%" for m, v in sigma.items())
     return (f"flagged where the ratio is outside both runs' p20-p80 spreads, at least {MIN_CHANGE:.0%} "
             f"(and {MIN_US:g} us for times) and beyond {Z:g} sigma of the scatter between the runs "
-            f"(sigma from the points themselves: {s or 'n/a'})")
+            f"(sigma per kernel and timing mode where {MIN_POINTS} points or more show it, else per "
+            f"metric: {s or 'n/a'})")
 
 
 def summary_text(t: pd.DataFrame, name_a: str, name_b: str, warnings: list[str] = ()) -> str:
