@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from kdtree.bench.counters import TOLERANCE
+from kdtree.bench.display import eng
 from kdtree.bench.report import run_ceilings
 from kdtree.bench.roofline import classify
 from kdtree.bench.sweep import combine_results, read_manifest
@@ -30,9 +31,8 @@ VERIFY_HEADLINE = [(1, 33, 64, 4096), (16, 33, 64, 16384)]      # (B, N, H, P), 
 
 
 def _us(x: float) -> str:
-    if x >= 1e4:
-        return f"{x / 1e3:.3g} ms"
-    return f"{x:.0f} us" if x >= 100 else f"{x:.3g} us"
+    """A time in microseconds, in the project's engineering notation (``87.8 us``, ``2.82 ms``)."""
+    return eng(x * 1e-6, "s")
 
 
 def _graph(df: pd.DataFrame, **eq) -> pd.DataFrame:
