@@ -10,12 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/kdtree_showcase}}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+. scripts/device_env.sh
 rid=${RUN_ID:-h200-$(date -u +%Y%m%d)}
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --find-links .whl papermill nbconvert nbformat nbclient ipykernel \
-        plotly dask distributed fastparquet 2>&1 | tail -2
-fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 for r in "$rid" "$rid-rerun"; do
     start=$(date +%s)

@@ -5,13 +5,7 @@
 set -uo pipefail
 out=${1:-${OUT:-/tmp/kdtree_out}}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# The notebook stack (the workbook and executor tests import it) from the offline wheelhouse,
-# when the checkout carries one (`kdtree wheelhouse --dest .whl`; device calls carry `.whl`).
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --find-links .whl papermill nbconvert nbformat nbclient ipykernel \
-        plotly dask distributed fastparquet 2>&1 | tail -2
-fi
+. "$(dirname "$0")/device_env.sh"   # the workbook and executor tests import the notebook stack
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 timeout 400 python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | grep -vE "Warning|warn|^  " | tail -12
 KDTREE_FUSED_IMPL=wgmma timeout 150 python3 -m pytest -q -m gpu -k "wgmma and not sanitizer" tests/test_attention.py \

@@ -9,15 +9,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/kdtree_sweep}}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export KDTREE_GIT_SHA=${KDTREE_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+. scripts/device_env.sh
 rid=${RUN_ID:-h200-local-$(date -u +%Y%m%d)}
 
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --find-links .whl \
-        papermill nbconvert nbformat nbclient ipykernel plotly dask distributed 2>&1 | tee "$out/pip.log" | tail -3
-fi
 python3 -c "import dask, distributed, papermill; print('dask', dask.__version__, 'papermill', papermill.__version__)"
 
 # SIGINT at the limit: the sweep records its finished points, marks the rest and stops cleanly.
