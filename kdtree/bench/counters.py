@@ -47,6 +47,9 @@ METRICS = {
     "dram__bytes_write.sum": ("dram_write", 1.0),
     "lts__t_sectors_srcunit_tex_op_read.sum": ("l2_read", 32.0),          # sectors -> bytes
     "lts__t_sectors_srcunit_tex_op_write.sum": ("l2_write", 32.0),
+    "l1tex__m_xbar2l1tex_read_bytes.sum": ("l2_read_sm", 1.0),           # L2 -> SM as the SMs receive it
+    "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum": ("l2_read_hit", 32.0),
+    "lts__t_sectors_srcunit_tex_op_write_lookup_hit.sum": ("l2_write_hit", 32.0),
     "sm__ops_path_tensor_src_bf16_dst_fp32.sum": ("tensor_ops", 1.0),
     "sm__inst_executed_pipe_tensor_op_hmma.sum": ("hmma_inst", 1.0),
     "sm__inst_executed_pipe_tensor_op_gmma.sum": ("gmma_inst", 1.0),
