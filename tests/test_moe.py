@@ -1,10 +1,17 @@
 """The MoE layer as one expert-parallel rank runs it, its byte model and its benchmark.
 
 CPU tests in float32 (the fp8 path through its dequantized reference); the ``gpu`` tests check
-the bf16 and fp8 CUDA paths (``torch._grouped_mm``, ``torch._scaled_grouped_mm``) at Kimi K2's
-EP8 shard shapes and their graph capture.
+the bf16 kernel path (``kdtree.experts``: its grouped GEMMs against float64 on empty, one-token,
+chunk-boundary, odd and one-expert groups, the permutation's invariants, compute-sanitizer)
+and the fp8 path (``torch._scaled_grouped_mm``) at Kimi K2's EP8 shard shapes, and their
+graph capture.
 """
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +20,8 @@ from kdtree.bench.moe import (ROUTINGS, TOLERANCE, expected_distinct, moe_layer,
                               routing_ids, run_moe_bench)
 from kdtree.engine import get_config
 from kdtree.engine.model import FP8, FP8_MAX, MoE, build_model, quantize_rows
+from kdtree import experts as ek
+from moe_cases import COUNTS, grouped_case, grouped_error
 
 
 def _full_and_ranks(fp8=False):
@@ -190,3 +199,86 @@ def test_cuda_moe_at_kimi_ep8_shapes(fp8):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("nt", [1, 2, 4])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("case", list(COUNTS))
+def test_grouped_gemm_against_float64(case, gated, nt, gather):
+    """Fresh random inputs per case; empty experts, one token, chunk boundaries, odd counts, every
+    token on one expert; K = 768 (three 64-wide steps per warp), N not a power of two."""
+    got, ref, _ = grouped_case(COUNTS[case], 768, 80 if gated else 96, gated, nt, seed=list(COUNTS).index(case),
+                               gather=gather)
+    err, bound = grouped_error(got, ref, gated)
+    assert err <= bound, f"relative error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.gpu
+def test_permute_invariants():
+    g = torch.Generator(device="cuda").manual_seed(3)
+    T, k, E, El = 257, 8, 384, 48
+    expert = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)])
+    expert[:5] = torch.arange(8, device="cuda")              # all-local tokens
+    expert[5] = torch.arange(100, 108, device="cuda")        # nothing local
+    offs, rowidx, pos = ek.permute(expert, El)
+    flat = expert.flatten().cpu()
+    local = flat < El
+    counts = torch.bincount(flat[local], minlength=El)
+    assert torch.equal(offs.cpu().long(), counts.cumsum(0))
+    p = pos.cpu().long()
+    assert (p[~local] == -1).all() and torch.equal(p[local].sort().values, torch.arange(int(local.sum())))
+    assert torch.equal(rowidx.cpu().long()[p[local]], torch.arange(T * k)[local] // k)
+    ends = offs.cpu().long()
+    starts = torch.cat((torch.zeros(1, dtype=torch.long), ends[:-1]))
+    assert ((starts[flat[local]] <= p[local]) & (p[local] < ends[flat[local]])).all()  # inside its group
+    assert (rowidx.cpu()[int(local.sum()):] == 0).all()
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_kernel_path_matches_torch_path_and_captures():
+    """The whole layer (router, kernels, shared expert added in the combine) against the torch
+    path on the same weights at the EP8 shard's shapes, eager and in a graph."""
+    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16, seed=2)
+    x = torch.randn(65, moe.w1.shape[2], device="cuda").to(torch.bfloat16)
+    assert moe.use_kernels(x)
+    got = moe(x)
+    moe.backend = "torch"
+    ref = moe(x)
+    moe.backend = "auto"
+    assert float((got.double() - ref.double()).abs().max()) <= 0.02 * float(ref.double().abs().max())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
+
+
+@pytest.mark.gpu
+def test_moe_kernels_under_compute_sanitizer():
+    exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(exe):
+        pytest.skip("compute-sanitizer not installed")
+    script = Path(__file__).with_name("sanitize_moe.py")
+    res = subprocess.run([exe, "--tool", "memcheck", sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=600)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "ERROR SUMMARY: 0 errors" in out and "selfcheck ok" in out, out[-3000:]
+
+
+def test_kernel_entry_points_reject_bad_input():
+    """Checked before anything launches (runs without a GPU: CPU tensors are refused first)."""
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    w = torch.zeros(2, 32, 256, dtype=torch.bfloat16)
+    offs = torch.tensor([2, 4], dtype=torch.int32)
+    with pytest.raises(TypeError, match="x: expected a bf16 CUDA tensor"):
+        ek.grouped_gemm(x, w, offs, 4)
+    with pytest.raises(TypeError, match="expert: expected an int64 CUDA tensor"):
+        ek.permute(torch.zeros(3, 2, dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match="ys: expected contiguous float32"):
+        ek.combine(torch.zeros(4, 6), torch.zeros(4, dtype=torch.int32), torch.zeros(2, 2))
+    assert not ek.supported(x, w, w, 2)                       # CPU tensors take the torch path
+    assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]

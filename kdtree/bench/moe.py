@@ -34,7 +34,7 @@ from kdtree.bench.models import Cost, Launch
 from kdtree.bench.roofline import classify_point
 from kdtree.bench.timing import time_graph, time_host
 from kdtree.engine.config import ModelConfig, get_config
-from kdtree.engine.model import FP8, MoE, build_model, quantize_rows
+from kdtree.engine.model import FP8, MoE, build_model, grouped_linear, quantize_rows
 
 ROUTINGS = ("model", "uniform", "zipf")
 TOKENS = (1, 17, 65, 257, 1025)
@@ -242,7 +242,8 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
     zipf_a : float
         Exponent of the ``zipf`` routing.
     fp8 : bool, optional
-        Also time the layer with fp8 experts; default: on CUDA only.
+        Also time the layer with fp8 experts; default: on CUDA only. On CUDA the bf16 layer
+        is timed twice: on the kernel path and on the torch path (``MoE.backend``).
     ceilings : Ceilings, optional
         Adds the roofline columns (``classify_point``) when given.
     quick : bool
@@ -251,8 +252,9 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
     Returns
     -------
     DataFrame
-        One row per (variant, routing, tokens): kernel ``moe_layer``, variant (bf16 or fp8,
-        float32 on CPU), routing, zipf_a, tokens, distinct (local experts touched),
+        One row per (variant, routing, tokens): kernel ``moe_layer``, variant (``bf16``: the
+        ``kdtree.experts`` kernels; ``bf16-torch``: the torch path, the baseline timed beside
+        them; ``fp8``: torch's scaled grouped GEMM; float32 / fp8-ref on CPU), routing, zipf_a, tokens, distinct (local experts touched),
         distinct_uniform (``expected_distinct``), local_experts, local_slots, check_error
         (against ``moe_reference`` on the first 5 tokens), error (why a point that failed its
         check or raised was not timed; empty otherwise), gemm_us (the three grouped GEMMs
@@ -270,12 +272,18 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     cfg = get_config(preset)
-    variants = [False] + ([True] if (cuda if fp8 is None else fp8) else [])
+    variants = [(False, "auto")] + ([(False, "torch")] if cuda else []) \
+        + ([(True, "auto")] if (cuda if fp8 is None else fp8) else [])
     gen, bytes_per = torch.Generator().manual_seed(seed), torch.finfo(dtype).bits // 8
-    rows = []
-    for use_fp8 in variants:
-        moe = moe_layer(replace(cfg, expert_fp8=use_fp8), device, dtype, seed)
-        name = ("fp8" if use_fp8 else "bf16") if cuda else ("fp8-ref" if use_fp8 else "float32")
+    rows, layers = [], {}
+    for use_fp8, backend in variants:
+        if use_fp8 not in layers:
+            layers.clear()  # one layer in memory at a time
+            layers[use_fp8] = moe_layer(replace(cfg, expert_fp8=use_fp8), device, dtype, seed)
+        moe = layers[use_fp8]
+        moe.backend = backend
+        name = ("fp8" if use_fp8 else "bf16" + ("-torch" if backend == "torch" else "")) if cuda \
+            else ("fp8-ref" if use_fp8 else "float32")
         E, El, k = cfg.n_routed_experts, cfg.n_local_experts, cfg.n_active_experts
         kernels = None
         for routing in routings:
@@ -298,8 +306,7 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
 
                 def call(x=x, expert=expert):
                     w, _ = moe.route(x)                       # the router runs; its choice is replaced
-                    y = moe.experts(x, w, expert)
-                    return y + moe.shared(x) if moe.shared is not None else y
+                    return moe.experts(x, w, expert, moe.shared(x) if moe.shared is not None else None)
 
                 t = (time_graph(call, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)
                      if cuda else time_host(call, reps=3 if quick else 10, warmup=1))
@@ -322,6 +329,92 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
                         - 3 * cfg.dim * cfg.shared_dim * bytes_per
                     row["gemm_hbm_fraction"] = experts_bytes / (g.median_us * 1e-6) / ceilings.hbm_bw
                 rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: bool = True) -> pd.DataFrame:
+    """Where one MoE call's time goes: each stage of its code path timed alone.
+
+    Parameters
+    ----------
+    moe : MoE
+        The layer; its ``backend`` picks the path (``use_kernels``).
+    x : tensor [T, dim]
+        Activations.
+    expert : int64 [T, k]
+        The routing to run (the router still runs in the ``router`` stage).
+    quick : bool
+        Fewer repetitions.
+
+    Returns
+    -------
+    DataFrame
+        One row per stage, in path order, then ``whole`` (the full call: router, routed
+        experts, shared expert), with ``path`` (``kernels`` or ``torch``), ``stage``,
+        ``weight_bytes`` (the distinct local experts' weights the stage streams; 0 for stages
+        without them) and the timing columns (graph replay on CUDA, host clock on CPU).
+        Kernel path: router, permute (one kernel), gate_up (gate and up in one grouped GEMM
+        with the SiLU product), down, combine (weights, slot sum, shared expert added),
+        shared. Torch path: router, permute (sort, offsets, gathered rows), gate_up (two
+        grouped GEMMs), act (SiLU and product), down, combine (weights, mask, un-permute, slot
+        sum, shared expert added), shared.
+    """
+    from kdtree import experts as ek
+
+    cuda = x.is_cuda
+    timer = ((lambda fn: time_graph(fn, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)) if cuda
+             else (lambda fn: time_host(fn, reps=3 if quick else 10, warmup=1)))
+    T, k = expert.shape
+    E, h, d = moe.w1.shape
+    weight, _ = moe.route(x)
+    distinct = int(expert[expert < E].unique().numel())
+    wb = moe.w1.element_size()
+    base = moe.shared(x) if moe.shared is not None else None
+    stages = [("router", lambda: moe.route(x), 0)]
+    if moe.use_kernels(x):
+        nt = ek.chunk_tiles(T, k, moe.n_routed)
+        offs, rowidx, pos = ek.permute(expert, E)
+        hid = ek.grouped_gemm(x, moe.w1, offs, T * k, up=moe.w3, rowidx=rowidx, nt=nt)
+        ys = ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt)
+        stages += [("permute", lambda: ek.permute(expert, E), 0),
+                   ("gate_up", lambda: ek.grouped_gemm(x, moe.w1, offs, T * k, up=moe.w3, rowidx=rowidx, nt=nt),
+                    distinct * 2 * h * d * wb),
+                   ("down", lambda: ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt), distinct * h * d * wb),
+                   ("combine", lambda: ek.combine(ys, pos, weight, base), 0)]
+        path = "kernels"
+    else:
+        def permute():
+            order, local, offs = moe.permute(expert)
+            return x[order // k], order, local, offs
+
+        xs, order, local, offs = permute()
+        g, u = grouped_linear(xs, moe.w1, offs), grouped_linear(xs, moe.w3, offs)
+        hid = torch.nn.functional.silu(g) * u
+        ys = grouped_linear(hid, moe.w2, offs)
+
+        def combine():
+            y = ys * weight.flatten()[order, None].to(x.dtype)
+            y = torch.where(local[order, None], y, 0)
+            y = torch.empty_like(y).index_copy_(0, order, y).view(T, k, -1).sum(1)
+            return y if base is None else y + base
+
+        stages += [("permute", permute, 0),
+                   ("gate_up", lambda: (grouped_linear(xs, moe.w1, offs), grouped_linear(xs, moe.w3, offs)),
+                    distinct * 2 * h * d * wb),
+                   ("act", lambda: torch.nn.functional.silu(g) * u, 0),
+                   ("down", lambda: grouped_linear(hid, moe.w2, offs), distinct * h * d * wb),
+                   ("combine", combine, 0)]
+        path = "torch"
+    if moe.shared is not None:
+        stages.append(("shared", lambda: moe.shared(x), 0))
+
+    def whole():
+        w, _ = moe.route(x)
+        return moe.experts(x, w, expert, moe.shared(x) if moe.shared is not None else None)
+
+    stages.append(("whole", whole, distinct * 3 * h * d * wb))
+    rows = [dict(path=path, stage=name, tokens=T, distinct=distinct, weight_bytes=float(nbytes), **timer(fn).as_dict())
+            for name, fn, nbytes in stages]
     return pd.DataFrame(rows)
 
 

@@ -36,7 +36,7 @@ from torch import nn
 from kdtree.attention import verify_attention
 from kdtree.bench.engine_bench import step_breakdown
 from kdtree.bench.timing import time_graph, time_host
-from kdtree.engine.config import ModelConfig, get_config, get_drafter_config
+from kdtree.engine.config import MODEL_PRESETS, ModelConfig, fitting_layers, get_config, get_drafter_config
 from kdtree.engine.ddtree import chain_tree, run_phases, start
 from kdtree.engine.drafter import SyntheticDrafter
 from kdtree.engine.model import MoE, RMSNorm, SwiGLU, build_model
@@ -527,6 +527,25 @@ def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prom
                         distinct_random=distinct_random, timing=timing,
                         **{f"c_{n}": v for n, v in p.items() if n != "step"}))
     return pd.DataFrame(out)
+
+
+def fitting_presets(memory_bytes: float = 139 * 2**30) -> list[str]:
+    """The engine presets of Kimi K2's shapes whose full preset fits one GPU of ``memory_bytes``
+    (``fitting_layers``), in ``MODEL_PRESETS`` order; the CPU presets (``tiny*``) left out."""
+    return [name for name, cfg in MODEL_PRESETS.items()
+            if not name.startswith("tiny") and fitting_layers(cfg, memory_bytes) >= cfg.n_layers]
+
+
+def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, prompt: int = 512, new: int = 64,
+                     steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0) -> pd.DataFrame:
+    """``validate`` at each preset of ``presets`` with ``layers`` layers (the preset's first dense
+    layers included), one table; ``within`` flags a prediction within 15% of the measured step."""
+    if not presets:
+        raise ValueError("presets: expected at least one preset")
+    out = pd.concat([validate(p, layers=layers, batch=batch, budgets=budgets, prompt=prompt, new=new, steps=steps,
+                              drafter=drafter, quick=quick, seed=seed) for p in presets], ignore_index=True)
+    out["within"] = (out.ratio - 1).abs() <= 0.15
+    return out
 
 
 def best_budgets(table: pd.DataFrame) -> pd.DataFrame:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kdtree.attention import D_QK, HEADS, MAX_NODES, verify_attention
+from kdtree import experts as expert_kernels
 from kdtree.engine.cache import KVCache
 from kdtree.engine.config import ModelConfig
 from kdtree.tree import Tree
@@ -248,6 +249,11 @@ class MoE(nn.Module):
 
     With ``cfg.expert_fp8`` the routed experts are float8 e4m3 with per-output-channel float32
     scales (``w1_scale`` and so on); see ``grouped_linear``.
+
+    ``backend``: ``"auto"`` runs bf16 CUDA experts through ``kdtree.experts`` (a permutation
+    kernel, gate and up in one grouped weight-streaming GEMM, the down GEMM, a combine that
+    adds the shared expert: four launches) and everything else through torch ops; ``"torch"``
+    forces the torch path (the reference, and the baseline the bench times beside it).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -262,6 +268,15 @@ class MoE(nn.Module):
             self.w1_scale, self.w3_scale = nn.Parameter(torch.empty(E, h)), nn.Parameter(torch.empty(E, h))
             self.w2_scale = nn.Parameter(torch.empty(E, d))
         self.shared = SwiGLU(d, cfg.shared_dim) if cfg.shared_dim else None
+        self.n_routed = cfg.n_routed_experts
+        self.backend = "auto"
+
+    def use_kernels(self, x: torch.Tensor) -> bool:
+        """Whether the routed experts of x [T, dim] run through ``kdtree.experts``."""
+        if self.backend not in ("auto", "torch"):
+            raise ValueError(f"backend: expected 'auto' or 'torch', got {self.backend!r}")
+        return (self.backend == "auto" and not self.fp8
+                and expert_kernels.supported(x, self.w1, self.w2, self.k))
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """Routing scores, float32 [T, E]: sigmoid of the float32 gate over x [T, dim] in float32."""
@@ -288,31 +303,44 @@ class MoE(nn.Module):
         return order, local, counts.cumsum(0).to(torch.int32)
 
     def expert_mlp(self, xs: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        """The three grouped GEMMs (gate, up, down) with SiLU over permuted rows xs [T k, dim]."""
+        """The three grouped GEMMs (gate, up, down) with SiLU over permuted rows xs [T k, dim].
+
+        On the kernel path (``use_kernels``) gate and up run as one grouped GEMM with the SiLU
+        product fused, and the down projection comes out in float32.
+        """
+        if self.use_kernels(xs):
+            T = xs.shape[0] // self.k
+            nt = expert_kernels.chunk_tiles(T, self.k, self.n_routed)
+            h = expert_kernels.grouped_gemm(xs, self.w1, offs, xs.shape[0], up=self.w3, nt=nt)
+            return expert_kernels.grouped_gemm(h, self.w2, offs, xs.shape[0], nt=nt)
         s1, s3, s2 = (self.w1_scale, self.w3_scale, self.w2_scale) if self.fp8 else (None, None, None)
         h = F.silu(grouped_linear(xs, self.w1, offs, s1)) * grouped_linear(xs, self.w3, offs, s3)
         return grouped_linear(h, self.w2, offs, s2)
 
-    def experts(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
-        """The routed experts' weighted sum [T, dim] over the slots this GPU holds (expert id < E_local).
+    def experts(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor,
+                base: torch.Tensor | None = None) -> torch.Tensor:
+        """The routed experts' weighted sum [T, dim] over the slots this GPU holds (expert id < E_local),
+        plus ``base`` [T, dim] if given.
 
         Permutes the (token, slot) pairs by expert (local ones first), runs the three grouped
         GEMMs, weights each slot and sums each token's slots back in token order.
         """
+        if self.use_kernels(x):
+            return expert_kernels.routed_experts(x, weight, expert, self.w1, self.w3, self.w2, base,
+                                                 experts_total=self.n_routed)
         T = x.shape[0]
         order, local, offs = self.permute(expert)
         ys = self.expert_mlp(x[order // self.k], offs) * weight.flatten()[order, None].to(x.dtype)
         ys = torch.where(local[order, None], ys, 0)           # rows past offs[-1] are undefined
         # Un-sort and sum each token's k slots: deterministic, unlike an atomic index_add.
-        return torch.empty_like(ys).index_copy_(0, order, ys).view(T, self.k, -1).sum(1)
+        y = torch.empty_like(ys).index_copy_(0, order, ys).view(T, self.k, -1).sum(1)
+        return y if base is None else y + base
 
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        y = self.experts(x, *self.route(x))
-        if self.shared is not None:
-            y = y + self.shared(x)
-        return y.view(shape)
+        base = self.shared(x) if self.shared is not None else None
+        return self.experts(x, *self.route(x), base).view(shape)
 
 
 class Block(nn.Module):

@@ -1,0 +1,291 @@
+// The routed experts of an MoE layer as a weight stream: permutation, grouped skinny GEMMs, combine.
+//
+// On one GPU of an expert-parallel deployment a verify step gives each local expert few tokens
+// (Kimi K2 EP8: about T / 48 of T tokens), so the expert GEMMs are a stream of expert weights
+// with a narrow token dimension. These kernels read every touched expert's weights once, with
+// many bytes in flight, and put the tokens on the mma's narrow side:
+//
+// * moe_permute (one block): counts the (token, slot) pairs per local expert, scans them into
+//   the group ends ``offs``, and writes for every local slot its position in expert order
+//   (``pos``, -1 for other ranks' slots) and, per position, the token it comes from
+//   (``rowidx``). The order inside an expert follows shared-memory atomics, so it may change
+//   from run to run; nothing downstream depends on it (each token's rows are computed alone
+//   and the combine sums a token's slots in slot order).
+// * moe_grouped_gemm: out[p, n] = sum_k x[row(p), k] w[e, n, k] for the positions p of expert e.
+//   Block (row tile, expert); MOE_KSPLIT warps split K, each streaming its part of the tile's
+//   weight rows through a private cp.async ring (every thread reads back only the bytes it
+//   copied, so no barrier is needed until the split-K reduction). mma.sync m16n8k16 with 16
+//   weight rows on M and 8 tokens on N; the K order inside each 64-wide step is permuted the
+//   same way for A and B, so a thread's 32 contiguous bytes of a row are its fragments of four
+//   k16 steps. Tokens come in chunks of 8 * MOE_NT; an expert with more re-streams its weights
+//   per chunk. MOE_GATED = 1: w0 = gate, w1 = up (16 rows of each per block), the output is
+//   bf16 silu(gate) * up; MOE_GATED = 0: 32 rows of w0 per block, float32 output.
+// * moe_combine: out[t] = base[t] + sum_s weight[t, s] * ys[pos[t, s]] over the local slots,
+//   in float32, slots in order.
+//
+// Compile-time options (-D): MOE_K (input width, a multiple of 64 * MOE_KSPLIT), MOE_NT (token
+// tiles of 8 per chunk), MOE_GATED, MOE_STAGES (ring depth), MOE_KSPLIT (warps per block),
+// MOE_TOPK (slots per token, combine). No system headers: compiles under NVRTC and nvcc.
+
+#ifndef MOE_K
+#define MOE_K 7168
+#endif
+#ifndef MOE_NT
+#define MOE_NT 1
+#endif
+#ifndef MOE_GATED
+#define MOE_GATED 1
+#endif
+#ifndef MOE_STAGES
+#define MOE_STAGES 4
+#endif
+#ifndef MOE_KSPLIT
+#define MOE_KSPLIT 4
+#endif
+#ifndef MOE_TOPK
+#define MOE_TOPK 8
+#endif
+#define MOE_MAX_EXPERTS 1024
+
+typedef unsigned short moe_bf16;
+typedef unsigned int moe_u32;
+
+#define MOE_KW (MOE_K / MOE_KSPLIT)          // K per warp
+#define MOE_KSTEPS (MOE_KW / 64)              // 64-wide steps per warp
+#define MOE_NA 8                              // A uint4 per thread per step: 2 tiles x 2 rows x 32 bytes
+#define MOE_NB (2 * MOE_NT)                   // B uint4 per thread per step
+#define MOE_NSLOT (MOE_NA + MOE_NB)
+#define MOE_ROWS (MOE_GATED ? 16 : 32)        // output rows per block
+
+#if MOE_KW % 64 != 0
+#error "MOE_K must be a multiple of 64 * MOE_KSPLIT"
+#endif
+
+__device__ __forceinline__ float moe_bf16_to_f32(moe_bf16 h) { return __uint_as_float(((moe_u32)h) << 16); }
+
+__device__ __forceinline__ moe_bf16 moe_f32_to_bf16(float f) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return r;
+}
+
+__device__ __forceinline__ void moe_cp_async16(moe_u32 dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ moe_u32 moe_word(const uint4& lo, const uint4& hi, int w) {
+  const uint4& u = w < 4 ? lo : hi;
+  switch (w & 3) {
+    case 0: return u.x;
+    case 1: return u.y;
+    case 2: return u.z;
+    default: return u.w;
+  }
+}
+
+__device__ __forceinline__ void moe_mma(float* c, moe_u32 a0, moe_u32 a1, moe_u32 a2, moe_u32 a3, moe_u32 b0,
+                                        moe_u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* __restrict__ expert, int slots, int k,
+                                                               int experts, int* __restrict__ offs,
+                                                               int* __restrict__ rowidx, int* __restrict__ pos) {
+  __shared__ int start[MOE_MAX_EXPERTS];
+  __shared__ int total;
+  const int tid = threadIdx.x, lane = tid & 31;
+  for (int i = tid; i < experts; i += blockDim.x) start[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < slots; i += blockDim.x) {
+    const long long e = expert[i];
+    pos[i] = (e >= 0 && e < experts) ? atomicAdd(&start[e], 1) : -1;  // rank inside the expert
+  }
+  __syncthreads();
+  if (tid < 32) {  // counts -> exclusive starts, inclusive ends
+    int carry = 0;
+    for (int base = 0; base < experts; base += 32) {
+      const int v = base + lane < experts ? start[base + lane] : 0;
+      int incl = v;
+      for (int d = 1; d < 32; d <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += o;
+      }
+      if (base + lane < experts) {
+        start[base + lane] = carry + incl - v;
+        offs[base + lane] = carry + incl;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) total = carry;
+  }
+  __syncthreads();
+  for (int i = tid; i < slots; i += blockDim.x) {
+    const int r = pos[i];
+    if (r >= 0) {
+      const int p = start[(int)expert[i]] + r;
+      pos[i] = p;
+      rowidx[p] = i / k;
+    }
+  }
+  for (int p = total + tid; p < slots; p += blockDim.x) rowidx[p] = 0;  // a valid row for gathers past the end
+}
+
+// x [rows, MOE_K] bf16; rowidx [positions] (row of x for each position) or null (position = row);
+// w0, w1 [experts, n_out, MOE_K] bf16 (w1 read only when MOE_GATED); offs [experts] group ends;
+// out [positions, n_out]: bf16 when MOE_GATED, else float32. grid (n_out / MOE_ROWS, experts).
+extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
+    moe_grouped_gemm(const moe_bf16* __restrict__ x, const int* __restrict__ rowidx, const moe_bf16* __restrict__ w0,
+                     const moe_bf16* __restrict__ w1, const int* __restrict__ offs, void* __restrict__ out,
+                     int n_out) {
+  extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32]
+  const int e = blockIdx.y;
+  const int first = e ? offs[e - 1] : 0, end = offs[e];
+  if (first >= end) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int r0 = blockIdx.x * MOE_ROWS;
+  const long long kofs = (long long)warp * MOE_KW + q * 16;
+  const moe_bf16* wa = w0 + (long long)e * n_out * MOE_K;
+#if MOE_GATED
+  const moe_bf16* wb = w1 + (long long)e * n_out * MOE_K;
+#else
+  const moe_bf16* wb = wa + 16LL * MOE_K;
+#endif
+  const moe_bf16* arow[4] = {wa + (long long)(r0 + g) * MOE_K + kofs, wa + (long long)(r0 + g + 8) * MOE_K + kofs,
+                             wb + (long long)(r0 + g) * MOE_K + kofs, wb + (long long)(r0 + g + 8) * MOE_K + kofs};
+  uint4* mine = ring + warp * MOE_STAGES * MOE_NSLOT * 32 + lane;
+  const moe_u32 mine_s = (moe_u32)__cvta_generic_to_shared(mine);
+
+  for (int c0 = first; c0 < end; c0 += 8 * MOE_NT) {
+    const moe_bf16* brow[MOE_NT];
+    int bbytes[MOE_NT];
+#pragma unroll
+    for (int j = 0; j < MOE_NT; ++j) {
+      const int p = c0 + j * 8 + g;
+      const bool ok = p < end;
+      const int row = ok ? (rowidx ? rowidx[p] : p) : 0;
+      brow[j] = x + (long long)row * MOE_K + kofs;
+      bbytes[j] = ok ? 16 : 0;  // zero fill past the expert's tokens
+    }
+    auto issue = [&](int stage, int ks) {
+      const int kk = ks * 64;
+      const moe_u32 dst = mine_s + stage * MOE_NSLOT * 32 * 16;
+#pragma unroll
+      for (int i = 0; i < MOE_NA; ++i) moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 8, 16);
+#pragma unroll
+      for (int j = 0; j < MOE_NB; ++j)
+        moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow[j >> 1] + kk + (j & 1) * 8, bbytes[j >> 1]);
+    };
+    float acc[2][MOE_NT][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < MOE_NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[t][j][c] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < MOE_STAGES - 1; ++s) {
+      if (s < MOE_KSTEPS) issue(s, s);
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
+#pragma unroll 1
+    for (int ks = 0; ks < MOE_KSTEPS; ++ks) {
+      const int kn = ks + MOE_STAGES - 1;
+      if (kn < MOE_KSTEPS) issue(kn % MOE_STAGES, kn);
+      asm volatile("cp.async.commit_group;\n" ::);
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 1));
+      const uint4* buf = mine + (ks % MOE_STAGES) * MOE_NSLOT * 32;
+      uint4 a[MOE_NA], b[MOE_NB];
+#pragma unroll
+      for (int i = 0; i < MOE_NA; ++i) a[i] = buf[i * 32];
+#pragma unroll
+      for (int j = 0; j < MOE_NB; ++j) b[j] = buf[(MOE_NA + j) * 32];
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          // a[t*4 + h*2 + u]: tile t, row g + 8h, bytes 16u .. 16u + 15 of the thread's 32
+          const moe_u32 x0 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s);
+          const moe_u32 x1 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s);
+          const moe_u32 x2 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s + 1);
+          const moe_u32 x3 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s + 1);
+#pragma unroll
+          for (int j = 0; j < MOE_NT; ++j)
+            moe_mma(acc[t][j], x0, x1, x2, x3, moe_word(b[2 * j], b[2 * j + 1], 2 * s),
+                    moe_word(b[2 * j], b[2 * j + 1], 2 * s + 1));
+        }
+      }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();  // every warp is done with its ring: reuse it for the split-K partials
+    float* red = reinterpret_cast<float*>(ring);  // [MOE_KSPLIT][2][MOE_NT][4][32]
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int j = 0; j < MOE_NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) red[(((warp * 2 + t) * MOE_NT + j) * 4 + c) * 32 + lane] = acc[t][j][c];
+    __syncthreads();
+    const int per_tile = MOE_NT * 4 * 32;
+    for (int idx = threadIdx.x; idx < (MOE_GATED ? 1 : 2) * per_tile; idx += 32 * MOE_KSPLIT) {
+      const int t = idx / per_tile, rest = idx % per_tile, j = rest / 128, c = (rest / 32) & 3, l = rest & 31;
+      const int p = c0 + j * 8 + 2 * (l & 3) + (c & 1);
+      if (p >= end) continue;
+      const int row = r0 + t * 16 + (l >> 2) + (c >> 1) * 8;
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < MOE_KSPLIT; ++w) v += red[(w * 2 + t) * per_tile + rest];
+#if MOE_GATED
+      float u = 0.f;
+#pragma unroll
+      for (int w = 0; w < MOE_KSPLIT; ++w) u += red[(w * 2 + 1) * per_tile + rest];
+      reinterpret_cast<moe_bf16*>(out)[(long long)p * n_out + row] = moe_f32_to_bf16(v / (1.f + __expf(-v)) * u);
+#else
+      reinterpret_cast<float*>(out)[(long long)p * n_out + row] = v;
+#endif
+    }
+    __syncthreads();  // the partials are read before the next chunk's copies land in the ring
+  }
+}
+
+// ys [positions, dim] float32; pos [tokens * MOE_TOPK] (position or -1); weight [tokens * MOE_TOPK]
+// float32; base [tokens, dim] bf16 or null; out [tokens, dim] bf16. grid (tokens), dim % 4 == 0.
+extern "C" __global__ void __launch_bounds__(256)
+    moe_combine(const float* __restrict__ ys, const int* __restrict__ pos, const float* __restrict__ weight,
+                const moe_bf16* __restrict__ base, moe_bf16* __restrict__ out, int dim) {
+  const int t = blockIdx.x;
+  int p[MOE_TOPK];
+  float wt[MOE_TOPK];
+#pragma unroll
+  for (int s = 0; s < MOE_TOPK; ++s) {
+    p[s] = pos[t * MOE_TOPK + s];
+    wt[s] = weight[t * MOE_TOPK + s];
+  }
+  for (int d = threadIdx.x * 4; d < dim; d += blockDim.x * 4) {
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (base) {
+      const uint2 bb = *reinterpret_cast<const uint2*>(base + (long long)t * dim + d);
+      v[0] = __uint_as_float(bb.x << 16);
+      v[1] = __uint_as_float(bb.x & 0xffff0000u);
+      v[2] = __uint_as_float(bb.y << 16);
+      v[3] = __uint_as_float(bb.y & 0xffff0000u);
+    }
+#pragma unroll
+    for (int s = 0; s < MOE_TOPK; ++s) {
+      if (p[s] < 0) continue;
+      const float4 y = *reinterpret_cast<const float4*>(ys + (long long)p[s] * dim + d);
+      v[0] += wt[s] * y.x;
+      v[1] += wt[s] * y.y;
+      v[2] += wt[s] * y.z;
+      v[3] += wt[s] * y.w;
+    }
+    uint2 o;
+    o.x = (moe_u32)moe_f32_to_bf16(v[0]) | ((moe_u32)moe_f32_to_bf16(v[1]) << 16);
+    o.y = (moe_u32)moe_f32_to_bf16(v[2]) | ((moe_u32)moe_f32_to_bf16(v[3]) << 16);
+    *reinterpret_cast<uint2*>(out + (long long)t * dim + d) = o;
+  }
+}

@@ -1,0 +1,46 @@
+"""Cases for the grouped-GEMM kernels of ``kdtree.experts``, shared by the GPU tests in
+test_moe.py and the compute-sanitizer run (``tests/sanitize_moe.py``)."""
+import torch
+
+from kdtree import experts as ek
+
+# Tokens per expert: empty experts, one token, chunk boundaries (8, 9, 16, 17, 32, 33), odd
+# counts, every token on one expert, nothing local at all.
+COUNTS = {
+    "mixed": [0, 1, 37, 0, 5, 8, 9, 17, 16, 33, 32, 3],
+    "one_expert": [0, 0, 70, 0],
+    "single_token": [1, 0, 0],
+    "none": [0, 0, 0, 0],
+}
+
+
+def grouped_case(counts, K, N, gated, nt, seed, gather):
+    """(got, reference, positions) of one ``grouped_gemm`` call: float64 reference on the host.
+
+    ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
+    as top-k routing does); otherwise x holds the positions' rows in order.
+    """
+    g = torch.Generator().manual_seed(seed)
+    E, P = len(counts), sum(counts)
+    offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+    rows = P + 3                               # static rows past offs[-1], left undefined
+    if gather:
+        x = torch.randn(max(P // 2, 1), K, generator=g).to(torch.bfloat16)
+        rowidx = torch.randint(0, x.shape[0], (rows,), generator=g, dtype=torch.int32)
+    else:
+        x, rowidx = torch.randn(rows, K, generator=g).to(torch.bfloat16), None
+    w = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(torch.bfloat16)
+    up = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(torch.bfloat16) if gated else None
+    ref = ek.reference_grouped(x, w, offs, rowidx, up)
+    got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
+                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt)
+    return got[:P].double().cpu(), ref, P
+
+
+def grouped_error(got, ref, gated):
+    """Largest error relative to the reference's largest magnitude, and the bound it must meet:
+    bf16 output (gated) carries one rounding (2^-8 relative); float32 output only the float32
+    accumulation over K (a few 2^-24 per term)."""
+    scale = float(ref.abs().max()) if ref.numel() else 1.0
+    err = float((got - ref).abs().max()) / max(scale, 1e-30) if ref.numel() else 0.0
+    return err, (2.0 ** -8 if gated else 1e-5)
