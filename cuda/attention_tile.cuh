@@ -107,17 +107,18 @@ __device__ __forceinline__ const long long* fused_vis_row(const long long* vis, 
 }
 
 // S of this thread's rows r_lo / r_hi = r_lo + 8 over KV columns col0 + 8 nt + 2 tig + {0, 1}
-// of tile T (four n8 tiles in the mma accumulator layout): scale to the log2 domain, mask keys
-// past the range end or invisible tree rows (only on tiles that reach them), and return the
-// row maxima reduced over the quad.
-__device__ __forceinline__ void fused_scale_mask_max(float (&s)[4][4], const FusedBlock& k, int T, int col0,
+// of tile T (NT n8 tiles in the mma / wgmma accumulator layout): scale to the log2 domain, mask
+// keys past the range end or invisible tree rows (only on tiles that reach them), and return
+// the row maxima reduced over the quad.
+template <int NT>
+__device__ __forceinline__ void fused_scale_mask_max(float (&s)[NT][4], const FusedBlock& k, int T, int col0,
                                                      int tig, const long long* v_lo, const long long* v_hi,
                                                      float scale_log2, float& mx_lo, float& mx_hi) {
   const bool edge = (T + FUSED_BN > k.p) || (T + FUSED_BN > k.hi);
   mx_lo = ATT_NEG_INF;
   mx_hi = ATT_NEG_INF;
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       s[nt][e] *= scale_log2;
@@ -136,40 +137,39 @@ __device__ __forceinline__ void fused_scale_mask_max(float (&s)[4][4], const Fus
   }
 }
 
-// One online-softmax step for one row: tile max `tmx` (both column groups) -> new running max
-// m, the rescale factor of the old state (returned), p = 2^(s - m) in place, and this thread's
-// partial row sum l (reduced over the row once, at the end).
-__device__ __forceinline__ float fused_softmax_row(float& s0, float& s1, float& s2, float& s3, float& s4, float& s5,
-                                                   float& s6, float& s7, float tmx, float& m, float& l) {
+// One online-softmax step for one row (elements E, E + 1 of each of the NT n8 tiles): tile max
+// `tmx` (over every column group) -> new running max m, the rescale factor of the old state
+// (returned), p = 2^(s - m) in place, and this thread's partial row sum l (reduced over the row
+// once, at the end).
+template <int E, int NT>
+__device__ __forceinline__ float fused_softmax_row(float (&s)[NT][4], float tmx, float& m, float& l) {
   const float mn = fmaxf(m, tmx);
   const float mu = mn == ATT_NEG_INF ? 0.f : mn;  // a row that has seen no key yet
   const float alpha = att_exp2(m - mu);
   m = mn;
-  s0 = att_exp2(s0 - mu);
-  s1 = att_exp2(s1 - mu);
-  s2 = att_exp2(s2 - mu);
-  s3 = att_exp2(s3 - mu);
-  s4 = att_exp2(s4 - mu);
-  s5 = att_exp2(s5 - mu);
-  s6 = att_exp2(s6 - mu);
-  s7 = att_exp2(s7 - mu);
-  l = l * alpha + ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+  float sum = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    s[nt][E] = att_exp2(s[nt][E] - mu);
+    s[nt][E + 1] = att_exp2(s[nt][E + 1] - mu);
+    sum += s[nt][E] + s[nt][E + 1];
+  }
+  l = l * alpha + sum;
   return alpha;
 }
 
 // Softmax step for rows r_lo / r_hi, then P as bf16 into the P tile (column group cg: tokens
-// 32 cg .. +31). Returns the rescale factors of the two rows.
-__device__ __forceinline__ void fused_softmax_store_p(float (&s)[4][4], float tmx_lo, float tmx_hi, float& m_lo,
+// 8 NT cg .. + 8 NT - 1). Returns the rescale factors of the two rows.
+template <int NT>
+__device__ __forceinline__ void fused_softmax_store_p(float (&s)[NT][4], float tmx_lo, float tmx_hi, float& m_lo,
                                                       float& m_hi, float& l_lo, float& l_hi, float& al_lo,
                                                       float& al_hi, att_u32 sP, int r_lo, int r_hi, int cg,
                                                       int tig) {
-  al_lo = fused_softmax_row(s[0][0], s[0][1], s[1][0], s[1][1], s[2][0], s[2][1], s[3][0], s[3][1], tmx_lo, m_lo,
-                            l_lo);
-  al_hi = fused_softmax_row(s[0][2], s[0][3], s[1][2], s[1][3], s[2][2], s[2][3], s[3][2], s[3][3], tmx_hi, m_hi,
-                            l_hi);
+  al_lo = fused_softmax_row<0>(s, tmx_lo, m_lo, l_lo);
+  al_hi = fused_softmax_row<2>(s, tmx_hi, m_hi, l_hi);
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt) {
-    const int ch = 4 * cg + nt;
+  for (int nt = 0; nt < NT; ++nt) {
+    const int ch = NT * cg + nt;
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + fused_off(r_lo, ch, FUSED_BM) + 4 * tig),
                  "r"(att_pack_bf16x2(s[nt][0], s[nt][1])));
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + fused_off(r_hi, ch, FUSED_BM) + 4 * tig),
@@ -187,6 +187,37 @@ __device__ __forceinline__ void fused_store_pair(att_bf16* out, float* o_part, c
   } else {
     const size_t row = ((size_t)(slot0 + k.split) * B + k.b) * k.NH + k.g0 + r;
     *reinterpret_cast<float2*>(o_part + row * ATT_D_V + col) = make_float2(x0, x1);
+  }
+}
+
+// Rescale the O rows a thread holds in the wgmma m64n256 accumulator layout (see below) by their
+// online-softmax factors.
+__device__ __forceinline__ void fused_rescale_o(float (&o)[128], float al_lo, float al_hi) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j] *= al_lo;
+    o[4 * j + 1] *= al_lo;
+    o[4 * j + 2] *= al_hi;
+    o[4 * j + 3] *= al_hi;
+  }
+}
+
+// The O rows r_lo and r_lo + 8 a warpgroup holds in the wgmma m64n256 accumulator layout (o[4 j],
+// o[4 j + 1]: row r_lo; o[4 j + 2], o[4 j + 3]: row r_lo + 8; value columns 256 wg + 8 j + 2 tig
+// + {0, 1}), normalised by the row sums of the two warpgroups (sSum[r] + sSum[BM + r]) and stored.
+__device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf16* out, float* o_part,
+                                                   const FusedBlock& k, int B, int slot0, int r_lo, int wg,
+                                                   int tig, const float* sSum) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r_lo + 8 * half;
+    if (k.g0 + r >= k.NH) continue;
+    const float l = sSum[r] + sSum[FUSED_BM + r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      fused_store_pair(out, o_part, k, B, slot0, r, 256 * wg + 8 * j + 2 * tig, o[4 * j + 2 * half] * inv,
+                       o[4 * j + 2 * half + 1] * inv);
   }
 }
 

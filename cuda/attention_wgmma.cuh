@@ -36,6 +36,7 @@ __device__ __forceinline__ void wg_mma(float* d, att_u64 da, att_u64 db);
 #define WG_R8 WG_R4 ",%4,%5,%6,%7"
 #define WG_R12 WG_R8 ",%8,%9,%10,%11"
 #define WG_R16 WG_R12 ",%12,%13,%14,%15"
+#define WG_R32 WG_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define WG_MMA_DEF(NW, TA, REGS, IA, IB, IP, ...)                                                       \
   template <>                                                                                          \
   __device__ __forceinline__ void wg_mma<NW, TA>(float* d, att_u64 da, att_u64 db) {                    \
@@ -53,6 +54,8 @@ WG_MMA_DEF(24, 0, WG_R12, 12, 13, 14, WG_D4(0), WG_D4(4), WG_D4(8))
 WG_MMA_DEF(24, 1, WG_R12, 12, 13, 14, WG_D4(0), WG_D4(4), WG_D4(8))
 WG_MMA_DEF(32, 0, WG_R16, 16, 17, 18, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12))
 WG_MMA_DEF(32, 1, WG_R16, 16, 17, 18, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12))
+WG_MMA_DEF(64, 0, WG_R32, 32, 33, 34, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24),
+           WG_D4(28))
 #undef WG_MMA_DEF
 
 // D[64 x 256] += A[64 x 16] B[16 x 256], A K-major and B MN-major (transposed) in shared memory.
@@ -80,6 +83,33 @@ __device__ __forceinline__ void wg_m64n256k16_tb(float* d, att_u64 da, att_u64 d
 #undef WG_R8
 #undef WG_R12
 #undef WG_R16
+#undef WG_R32
+
+// mbarrier (shared::cta) and named-barrier primitives of the warp-specialised kernels.
+__device__ __forceinline__ void mb_init(att_u32 bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrive on `bar` once every cp.async this thread issued so far has landed; the arrival counts
+// toward the barrier's expected count (.noinc), and the thread does not wait.
+__device__ __forceinline__ void mb_arrive_cp_async(att_u32 bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Wait until the phase of `bar` with this parity has completed.
+__device__ __forceinline__ void mb_wait(att_u32 bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Named barrier `id` over `count` threads: wait for all of them, or only signal arrival.
+__device__ __forceinline__ void nb_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void nb_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 #endif  // KDTREE_ATTENTION_WGMMA_CUH

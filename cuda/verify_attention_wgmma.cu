@@ -82,13 +82,7 @@ verify_fused_wgmma(const att_bf16* __restrict__ q, const att_bf16* __restrict__ 
     float al_lo, al_hi;
     fused_softmax_store_p(s, fmaxf(sRed[r_lo], sRed[FUSED_BM + r_lo]), fmaxf(sRed[r_hi], sRed[FUSED_BM + r_hi]),
                           m_lo, m_hi, l_lo, l_hi, al_lo, al_hi, sP, r_lo, r_hi, wg, tig);
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j] *= al_lo;
-      o[4 * j + 1] *= al_lo;
-      o[4 * j + 2] *= al_hi;
-      o[4 * j + 3] *= al_hi;
-    }
+    fused_rescale_o(o, al_lo, al_hi);
     att_fence_proxy_async();  // P, visible to wgmma
     __syncthreads();          // all of P is in smem
 
@@ -123,17 +117,7 @@ verify_fused_wgmma(const att_bf16* __restrict__ q, const att_bf16* __restrict__ 
   }
   __syncthreads();
 
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = r_lo + 8 * half;
-    if (k.g0 + r >= k.NH) continue;
-    const float l = sRed[r] + sRed[FUSED_BM + r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      fused_store_pair(out, o_part, k, B, slot0, r, 256 * wg + 8 * j + 2 * tig, o[4 * j + 2 * half] * inv,
-                       o[4 * j + 2 * half + 1] * inv);
-  }
+  fused_store_o_half(o, out, o_part, k, B, slot0, r_lo, wg, tig, sRed);
   fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sMax, tid);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }

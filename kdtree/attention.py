@@ -15,8 +15,10 @@ Variants (all selectable by name, see ``verify_attention``):
   per block (``cuda/verify_attention_wgmma.cu``); elsewhere the mma.sync kernel
   (``cuda/verify_attention.cu``, NVRTC). A transposed wgmma kernel (KV tokens on M, the rows on N
   in 8-row groups: ``cuda/verify_attention_rows_n.cu``) runs when ``launch_plan`` is told
-  ``layout="rows_n"``; measured slower, it is never chosen by default. ``launch_plan`` says what
-  runs, per shape.
+  ``layout="rows_n"``; measured slower, it is never chosen by default. The v5 kernels
+  (``impl="pingpong"`` / ``"pingpong_seq"``, ``cuda/verify_attention_pingpong.cu``) give each
+  warpgroup alternate KV tiles for S at the full tile width and hand P over through shared
+  memory with named barriers. ``launch_plan`` says what runs, per shape.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 """
 from __future__ import annotations
@@ -43,7 +45,9 @@ CUDA_VARIANTS = ("naive", "cascade", "fused")
 _SRC = "verify_attention"
 _SRC_WGMMA = "verify_attention_wgmma"
 _SRC_ROWS_N = "verify_attention_rows_n"
-FUSED_IMPLS = ("mma", "wgmma")
+_SRC_PINGPONG = "verify_attention_pingpong"
+FUSED_IMPLS = ("mma", "wgmma", "pingpong", "pingpong_seq")
+_WGMMA_IMPLS = ("wgmma", "pingpong", "pingpong_seq")  # sm_90a kernels, built by nvcc
 LAYOUTS = ("rows_m", "rows_n")
 _FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/attention_tile.cuh
 _FUSED_THREADS = 256
@@ -54,6 +58,9 @@ _FUSED_SMEM = _TILE_BYTES + 3 * _FUSED_BM * 4 + 1024
 # (RN_SMEM_BYTES); a block holds at most 64 rows, in 8-row groups.
 _RN_SMEM = _TILE_BYTES + 2 * 4 * 32 * 4 + 1024
 _RN_MAX_ROWS = 64
+# pingpong (cuda/verify_attention_pingpong.cu): the same tiles with fp32 rows [4][BM] and four
+# 8-byte mbarriers (PP_SMEM_BYTES).
+_PP_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 4 * 8 + 1024
 _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634
 
@@ -158,7 +165,8 @@ def fused_impl(index: int) -> str:
 
     Both passed the GPU suite and compute-sanitizer on an H200; wgmma (sm_90a, built by nvcc)
     is 1.4x the mma.sync kernel at B=1, N=33, P=4096 (docs/perf_log.md). The environment
-    variable ``KDTREE_FUSED_IMPL`` (``mma`` or ``wgmma``) overrides the choice.
+    variable ``KDTREE_FUSED_IMPL`` (one of ``FUSED_IMPLS``) overrides the choice; ``pingpong``
+    and ``pingpong_seq`` (``cuda/verify_attention_pingpong.cu``, sm_90a) run only when asked.
     """
     import shutil
 
@@ -169,8 +177,8 @@ def fused_impl(index: int) -> str:
         return "wgmma" if sm90 and have_nvcc else "mma"
     if forced not in FUSED_IMPLS:
         raise ValueError(f"KDTREE_FUSED_IMPL: expected one of {FUSED_IMPLS}, got {forced!r}")
-    if forced == "wgmma" and not (sm90 and have_nvcc):
-        raise ValueError("KDTREE_FUSED_IMPL=wgmma: needs an sm_90 GPU and nvcc (for sm_90a)")
+    if forced in _WGMMA_IMPLS and not (sm90 and have_nvcc):
+        raise ValueError(f"KDTREE_FUSED_IMPL={forced}: needs an sm_90 GPU and nvcc (for sm_90a)")
     return forced
 
 
@@ -230,10 +238,15 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
         launch(fn, grid, (_FUSED_THREADS,), args + (np.int32(tile_rows), np.float32(scale_log2)),
                shared_mem=_RN_SMEM, device=q.device)
         return
-    fn = (_kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc") if impl == "wgmma"
-          else _kernel("verify_fused", _index(q.device)))
-    launch(fn, grid, (_FUSED_THREADS,), args + (np.float32(scale_log2),), shared_mem=_FUSED_SMEM,
-           device=q.device)
+    smem = _FUSED_SMEM
+    if impl == "wgmma":
+        fn = _kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc")
+    elif impl in ("pingpong", "pingpong_seq"):
+        fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_PINGPONG, "nvcc")
+        smem = _PP_SMEM
+    else:
+        fn = _kernel("verify_fused", _index(q.device))
+    launch(fn, grid, (_FUSED_THREADS,), args + (np.float32(scale_log2),), shared_mem=smem, device=q.device)
 
 
 def _launch_combine(o_part, lse_part, out, lse):
@@ -254,7 +267,7 @@ class LaunchPlan:
     variant : str
         ``naive``, ``cascade`` or ``fused``.
     impl : str
-        The fused kernel (``wgmma`` or ``mma``); ``naive`` for the naive kernel.
+        The fused kernel (one of ``FUSED_IMPLS``); ``naive`` for the naive kernel.
     layout : str
         ``rows_m``: (tree row x head) rows on the tensor tile's M dimension, 64 per block;
         ``rows_n`` (wgmma, forced only): KV tokens on M and the rows on N, up to 64 per block in
@@ -294,7 +307,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     num_sms : int
         Streaming multiprocessors of the device (132 on an H200).
     impl : str
-        The fused kernel, ``wgmma`` or ``mma`` (see ``fused_impl``).
+        The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``): ``wgmma`` or ``mma``, or the
+        v5 wgmma kernels ``pingpong`` / ``pingpong_seq`` (rows_m only).
     splits : int, optional
         Force the KV split count (default: ``choose_splits``).
     layout : str, optional
@@ -331,7 +345,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
 def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, impl=None, layout=None):
     """Launch a CUDA variant into ``out``/``lse`` following ``launch_plan``.
 
-    ``splits`` overrides the KV split heuristic, ``impl`` (``"mma"``/``"wgmma"``) the fused kernel
+    ``splits`` overrides the KV split heuristic, ``impl`` (one of ``FUSED_IMPLS``) the fused kernel
     that ``fused`` and ``cascade`` run (default: ``fused_impl`` of the device), ``layout``
     (``"rows_m"``/``"rows_n"``) the fused kernel's layout.
     """

@@ -9,9 +9,10 @@ rate and HBM copy bandwidth, and the launch plan (layout, tile rows, splits).
 
     python scripts/attention_dev.py --out /tmp/dev.csv [--splits]
 
-``--profile B,N,H,P`` instead runs, at that shape, the fused kernel once in each layout between
-``cudaProfilerStart`` and ``cudaProfilerStop`` (after a checked warm-up), for Nsight Compute with
-``--profile-from-start off`` (``scripts/gpu_attention.sh`` with ``NCU_SHAPE``).
+``--profile B,N,H,P[;B,N,H,P...]`` instead runs, at each shape, the fused kernel once per
+``--kernels`` impl:layout pair between ``cudaProfilerStart`` and ``cudaProfilerStop`` (after a
+checked warm-up), for Nsight Compute with ``--profile-from-start off`` (``scripts/gpu_attention.sh``
+with ``NCU_SHAPE``, ``scripts/verify_table.py --ncu``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import sys
 import torch
 
 from kdtree.attention import (D_QK, D_V, _num_sms, _run_cuda, errors, launch_plan, random_parents,
-                              reference_attention)
+                              reference_attention, verify_attention)
 from kdtree.bench.timing import time_graph
 from kdtree.tree import Tree
 
@@ -57,56 +58,126 @@ def cost(B, N, H, P, tree) -> tuple[float, float]:
 
 
 def configs(B, N, H, P, sms, sweep_splits):
-    """(label, variant, impl, layout, splits) to time at a shape: the automatic plan, each layout
-    forced, cascade, and with ``sweep_splits`` split counts around the chosen one."""
+    """(label, variant, impl, layout, splits) to time at a shape: the automatic plan, the wgmma
+    kernel in each layout, the v5 pingpong kernels, cascade, and with ``sweep_splits`` split
+    counts around the chosen one."""
     auto = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms)
     out = [("fused", "fused", None, None, None), ("fused_rows_m", "fused", "wgmma", "rows_m", None)]
     if auto.layout != "rows_n":
         out.append(("fused_rows_n", "fused", "wgmma", "rows_n", None))
-    out.append(("cascade", "cascade", None, None, None))
+    out += [("fused_pingpong", "fused", "pingpong", None, None),
+            ("fused_pingpong_seq", "fused", "pingpong_seq", None, None),
+            ("cascade", "cascade", None, None, None)]
     if sweep_splits:
         for s in sorted({max(1, auto.splits // 2), auto.splits * 2, auto.splits + 1} - {auto.splits}):
             out.append((f"fused_s{s}", "fused", None, None, s))
     return out
 
 
-def profile(B, N, H, P) -> int:
-    """One call of the fused kernel per layout inside the profiler range; 1 if a check failed."""
+def input_sets(B, N, H, P, gen, l2_bytes, max_sets=24):
+    """(tree, prefix_lens, [(q, kv), ...]) on the GPU: a fresh random tree with all N nodes real,
+    every prefix P, and enough input sets to rotate over more than 2.5x the L2 (cold L2), at most
+    ``max_sets``."""
     dev = torch.device("cuda")
-    gen = torch.Generator().manual_seed(5)
+    set_bytes = B * N * H * D_QK * 2 + B * (P + N) * D_QK * 2
+    n_sets = max(1, min(max_sets, math.ceil(2.5 * l2_bytes / set_bytes)))
     tree = Tree.from_parents(random_parents(B, N, torch.full((B,), N), gen).to(dev))
     pl = torch.full((B,), P, dtype=torch.int32, device=dev)
-    q = torch.randn(B, N, H, D_QK, device=dev).to(torch.bfloat16)
-    kv = torch.randn(B, P + N, D_QK, device=dev).to(torch.bfloat16)
-    out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=dev),
-           torch.empty(B, N, H, dtype=torch.float32, device=dev))
-    ref = reference_attention(q[:1], kv[:1], pl[:1], Tree(tree.tokens[:1], tree.parents[:1], tree.depth[:1],
-                              tree.num_nodes[:1], tree.visibility[:1], tree.draft_depth), SCALE)
-    layouts = ("rows_m", "rows_n")
-    for layout in layouts:
-        for _ in range(3):
-            _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="wgmma", layout=layout)
-        rel, le, same = errors(out[0][:1], out[1][:1], *ref)
-        print(f"{layout}: rel={rel:.2e} lse={le:.2e} inf_ok={same}", flush=True)
+    sets = [(torch.randn(B, N, H, D_QK, device=dev).to(torch.bfloat16),
+             torch.randn(B, P + N, D_QK, device=dev).to(torch.bfloat16)) for _ in range(n_sets)]
+    return tree, pl, sets
+
+
+def references(tree, pl, q, kv):
+    """float64 references of the first and the last sequence: {b: (out, lse)}."""
+    B = q.shape[0]
+    refs = {}
+    for b in sorted({0, B - 1}):
+        t1 = Tree(tree.tokens[b:b + 1], tree.parents[b:b + 1], tree.depth[b:b + 1], tree.num_nodes[b:b + 1],
+                  tree.visibility[b:b + 1], tree.draft_depth)
+        refs[b] = reference_attention(q[b:b + 1], kv[b:b + 1], pl[b:b + 1], t1, SCALE)
+    return refs
+
+
+def run_config(variant, tree, pl, q, kv, out, splits=None, impl=None, layout=None):
+    """One call of a variant into ``out`` (``torch`` through verify_attention, the rest through
+    ``_run_cuda``)."""
+    if variant == "torch":
+        verify_attention(q, kv, pl, tree, SCALE, "torch", out=out, check_values=False)
+    else:
+        _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl, layout=layout)
+
+
+def check_config(refs, out) -> tuple[float, str]:
+    """(worst relative error, "" or what failed) of ``out`` against the float64 references."""
+    worst = 0.0
+    for b, ref in refs.items():
+        rel, le, same = errors(out[0][b:b + 1], out[1][b:b + 1], *ref)
         if not (rel <= 1e-2 and le <= 1e-3 and same):
-            return 1
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for layout in layouts:
-        _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="wgmma", layout=layout)
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+            return float("nan"), f"WRONG at b={b}: rel={rel:.2e} lse={le:.2e} inf_ok={same}"
+        worst = max(worst, rel)
+    return worst, ""
+
+
+def time_config(variant, tree, pl, sets, out, splits=None, impl=None, layout=None, reps=15, max_calls=8):
+    """Graph-replay timing of a variant, rotating over the input sets inside the graph (cold L2)."""
+    it = iter(range(1 << 30))
+    n_sets = len(sets)
+
+    def call():
+        q, kv = sets[next(it) % n_sets]
+        run_config(variant, tree, pl, q, kv, out, splits, impl, layout)
+
+    return time_graph(call, reps=reps, calls_per_graph=n_sets * max(1, max_calls // n_sets), warmup=2 if reps > 5
+                      else 1, l2="cold")
+
+
+def profile(shapes, kernels=(("wgmma", "rows_m"), ("wgmma", "rows_n"))) -> int:
+    """At each (B, N, H, P) of ``shapes``, one call of the fused kernel per (impl, layout) of
+    ``kernels`` inside the profiler range, each checked first (first sequence vs float64);
+    1 if a check failed."""
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(5)
+    for B, N, H, P in shapes:
+        tree = Tree.from_parents(random_parents(B, N, torch.full((B,), N), gen).to(dev))
+        pl = torch.full((B,), P, dtype=torch.int32, device=dev)
+        q = torch.randn(B, N, H, D_QK, device=dev).to(torch.bfloat16)
+        kv = torch.randn(B, P + N, D_QK, device=dev).to(torch.bfloat16)
+        out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=dev),
+               torch.empty(B, N, H, dtype=torch.float32, device=dev))
+        refs = {0: references(tree, pl, q, kv)[0]}
+        for impl, layout in kernels:
+            for _ in range(3):
+                _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl=impl, layout=layout)
+            worst, wrong = check_config(refs, out)
+            print(f"B={B} N={N} H={H} P={P} {impl} {layout}: {wrong or f'rel={worst:.2e} ok'}", flush=True)
+            if wrong:
+                return 1
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        for impl, layout in kernels:
+            _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl=impl, layout=layout)
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
     return 0
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
+    """``"B,N,H,P;B,N,H,P"`` -> [(B, N, H, P), ...]."""
+    return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/attention_dev.csv")
     ap.add_argument("--splits", action="store_true", help="also time split counts around the chosen one")
-    ap.add_argument("--profile", metavar="B,N,H,P", help="profile one call per layout at this shape instead")
+    ap.add_argument("--profile", metavar="B,N,H,P[;B,N,H,P...]",
+                    help="profile one call per kernel at these shapes instead")
+    ap.add_argument("--kernels", default="wgmma:rows_m,wgmma:rows_n",
+                    help="impl:layout pairs that --profile runs (default: the wgmma kernel in both layouts)")
     a = ap.parse_args(argv)
     if a.profile:
-        return profile(*(int(x) for x in a.profile.split(",")))
+        return profile(parse_shapes(a.profile), tuple(tuple(k.split(":")) for k in a.kernels.split(",")))
     dev = torch.device("cuda")
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     bw, rate = ceilings()
@@ -115,49 +186,29 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(12)
     rows, ok = [], True
     for B, N, H, P in SHAPES:
-        set_bytes = B * N * H * D_QK * 2 + B * (P + N) * D_QK * 2
-        n_sets = max(1, min(24, math.ceil(2.5 * l2 / set_bytes)))
-        tree = Tree.from_parents(random_parents(B, N, torch.full((B,), N), gen).to(dev))
-        pl = torch.full((B,), P, dtype=torch.int32, device=dev)
-        sets = [(torch.randn(B, N, H, D_QK, device=dev).to(torch.bfloat16),
-                 torch.randn(B, P + N, D_QK, device=dev).to(torch.bfloat16)) for _ in range(n_sets)]
+        tree, pl, sets = input_sets(B, N, H, P, gen, l2)
         out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=dev),
                torch.empty(B, N, H, dtype=torch.float32, device=dev))
         flops, nbytes = cost(B, N, H, P, tree)
+        refs = references(tree, pl, *sets[0])
         for label, variant, impl, layout, splits in configs(B, N, H, P, sms, a.splits):
             plan = launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms,
                                impl=impl or "wgmma", splits=splits, layout=layout)
-            q, kv = sets[0]
             out[0].fill_(float("nan"))
-            _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl, layout=layout)
-            worst = 0.0
-            for b in sorted({0, B - 1}):
-                t1 = Tree(tree.tokens[b:b + 1], tree.parents[b:b + 1], tree.depth[b:b + 1],
-                          tree.num_nodes[b:b + 1], tree.visibility[b:b + 1], tree.draft_depth)
-                ref = reference_attention(q[b:b + 1], kv[b:b + 1], pl[b:b + 1], t1, SCALE)
-                rel, le, same = errors(out[0][b:b + 1], out[1][b:b + 1], *ref)
-                if not (rel <= 1e-2 and le <= 1e-3 and same):
-                    print(f"  {label}: WRONG at b={b}: rel={rel:.2e} lse={le:.2e} inf_ok={same}", flush=True)
-                    ok = False
-                    worst = float("nan")
-                    break
-                worst = max(worst, rel)
-            if math.isnan(worst):
+            run_config(variant, tree, pl, *sets[0], out, splits, impl, layout)
+            worst, wrong = check_config(refs, out)
+            if wrong:
+                print(f"  {label}: {wrong}", flush=True)
+                ok = False
                 continue
-            it = iter(range(1 << 30))
-
-            def call(variant=variant, splits=splits, impl=impl, layout=layout):
-                q, kv = sets[next(it) % n_sets]
-                _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl, layout=layout)
-
-            tm = time_graph(call, reps=15, calls_per_graph=n_sets * max(1, 8 // n_sets), warmup=2)
+            tm = time_config(variant, tree, pl, sets, out, splits, impl, layout)
             t = tm.median_us * 1e-6
             row = dict(B=B, N=N, H=H, P=P, config=label, layout=plan.layout, tile_rows=plan.tile_rows,
                        splits=plan.splits, us=tm.median_us, p20=tm.p20_us, p80=tm.p80_us,
                        tflops=flops / t / 1e12, tbps=nbytes / t / 1e12, frac_bf16=flops / t / rate,
-                       frac_copy=nbytes / t / bw, rel_err=worst, sets=n_sets)
+                       frac_copy=nbytes / t / bw, rel_err=worst, sets=len(sets))
             rows.append(row)
-            print(f"B={B:3d} N={N:4d} H={H:3d} P={P:6d} {label:13s} {plan.layout:6s} tile {plan.tile_rows:2d} "
+            print(f"B={B:3d} N={N:4d} H={H:3d} P={P:6d} {label:18s} {plan.layout:6s} tile {plan.tile_rows:2d} "
                   f"splits {plan.splits:2d}: {tm.median_us:8.1f} us [{tm.p20_us:.1f}, {tm.p80_us:.1f}] "
                   f"{row['tflops']:6.1f} TFLOP/s ({row['frac_bf16']:.2f}) {row['tbps']:5.2f} TB/s "
                   f"({row['frac_copy']:.2f})", flush=True)
@@ -168,10 +219,10 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows(rows)
     print(f"\ncopy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s; graph replay, cold L2, median us")
-    print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} {'config':13s} {'layout':6s} {'tile':>4s} {'spl':>3s} "
+    print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} {'config':18s} {'layout':6s} {'tile':>4s} {'spl':>3s} "
           f"{'us':>8s} {'bf16':>5s} {'copy':>5s}")
     for r in rows:
-        print(f"{r['B']:3d} {r['N']:4d} {r['H']:3d} {r['P']:6d} {r['config']:13s} {r['layout']:6s} "
+        print(f"{r['B']:3d} {r['N']:4d} {r['H']:3d} {r['P']:6d} {r['config']:18s} {r['layout']:6s} "
               f"{r['tile_rows']:4d} {r['splits']:3d} {r['us']:8.1f} {r['frac_bf16']:5.2f} {r['frac_copy']:5.2f}")
     return 0 if ok else 1
 

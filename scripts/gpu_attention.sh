@@ -3,12 +3,16 @@
 # kernels at the development shapes (scripts/attention_dev.py), compute-sanitizer (memcheck,
 # racecheck, synccheck) per kernel, the GPU tests; a short table last. Logs under $OUT (default
 # /tmp/gpu_attention): selfcheck.log, dev.log, dev.csv, sanitizer.log, gpu_tests.log.
-#   SANITIZE="rows_n wgmma mma"  kernels to sanitize, in order (default: all three)
+#   SANITIZE="pingpong rows_n wgmma mma"  kernels to sanitize, in order (default: these; also
+#                                pingpong_seq)
 #   BUDGET=420                   seconds; a step that would start past it is skipped (and says so)
 #   DEV_ARGS=--splits            extra arguments of attention_dev.py
 #   TESTS_K="not sanitizer"      pytest -k expression of the GPU tests
-#   NCU_SHAPE=64,9,8,16384       also Nsight Compute (full sections) on one fused call per layout
-#                                at that B,N,H,P, into ncu.txt
+#   NCU_SHAPE=64,9,8,16384       also Nsight Compute on one fused call per kernel at that B,N,H,P
+#                                (several: "B,N,H,P;B,N,H,P"), into ncu.txt
+#   NCU_KERNELS=wgmma:rows_m,wgmma:rows_n   impl:layout pairs profiled (default: wgmma, both layouts)
+#   NCU_METRICS=dram__bytes_read.sum,...    only these metrics (default: the full section set)
+#   TABLE=1                      also the benchmark table (scripts/verify_table.py) into table.*
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -31,7 +35,7 @@ have 60 timing && timeout $((BUDGET - SECONDS - 30)) python3 scripts/attention_d
   $DEV_ARGS >> "$OUT/dev.log" 2>&1
 echo "timing done at ${SECONDS}s (rc $?)"
 : > "$OUT/sanitizer.log"
-for kernel in ${SANITIZE:-rows_n wgmma mma}; do
+for kernel in ${SANITIZE:-pingpong rows_n wgmma mma}; do
   for tool in memcheck racecheck synccheck; do
     have 40 "$tool $kernel" || continue
     echo "== $tool $kernel" >> "$OUT/sanitizer.log"
@@ -47,9 +51,16 @@ if have 60 "GPU tests"; then
 fi
 if [ -n "$NCU_SHAPE" ] && have 90 "ncu"; then
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout $((BUDGET - SECONDS)) "$NCU" --clock-control none --profile-from-start off --set full \
-    python3 scripts/attention_dev.py --profile "$NCU_SHAPE" > "$OUT/ncu.txt" 2>&1
+  if [ -n "$NCU_METRICS" ]; then NCU_WHAT=(--metrics "$NCU_METRICS"); else NCU_WHAT=(--set full); fi
+  timeout $((BUDGET - SECONDS)) "$NCU" --clock-control none --profile-from-start off "${NCU_WHAT[@]}" \
+    python3 scripts/attention_dev.py --profile "$NCU_SHAPE" --kernels "${NCU_KERNELS:-wgmma:rows_m,wgmma:rows_n}" \
+    > "$OUT/ncu.txt" 2>&1
   echo "ncu (rc $?): $(grep -cE '^\s+verify_fused' "$OUT/ncu.txt") kernels profiled at ${SECONDS}s"
+fi
+if [ -n "$TABLE" ] && have 120 "table"; then
+  timeout $((BUDGET - SECONDS)) python3 scripts/verify_table.py --out "$OUT/table" --budget $((BUDGET - SECONDS - 30)) \
+    > "$OUT/table.log" 2>&1
+  echo "table (rc $?) at ${SECONDS}s: $(tail -1 "$OUT/table.log")"
 fi
 sed -n '/^copy /,$p' "$OUT/dev.log"
 grep -E "WRONG|Error" "$OUT/dev.log" | head

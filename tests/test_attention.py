@@ -222,7 +222,22 @@ def test_launch_plan_rows_n_only_where_it_runs():
         launch_plan("fused", layout="cols", **kw)
 
 
-@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n"])
+@pytest.mark.parametrize("impl", ["pingpong", "pingpong_seq"])
+def test_launch_plan_pingpong(impl):
+    """The v5 kernels keep the rows_m plan (64-row tiles, the same splits and partial slots as
+    wgmma) and refuse the rows_n layout."""
+    kw = dict(batch=4, nodes=129, heads=64, kv_rows=16384 + 129, num_sms=132)
+    for variant in ("fused", "cascade"):
+        p, w = launch_plan(variant, impl=impl, **kw), launch_plan(variant, impl="wgmma", **kw)
+        assert p.impl == impl and (p.layout, p.tile_rows, p.splits, p.partial_slots, p.launches) == \
+            (w.layout, w.tile_rows, w.splits, w.partial_slots, w.launches)
+    with pytest.raises(ValueError, match="layout: 'rows_n' runs only"):
+        launch_plan("fused", impl=impl, layout="rows_n", **kw)
+    with pytest.raises(ValueError, match="impl: expected one of"):
+        launch_plan("fused", impl="ping", **kw)
+
+
+@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n", "verify_attention_pingpong"])
 def test_wgmma_kernels_keep_registers(name, tmp_path):
     """ptxas for sm_90a: no spills, and no wgmma serialised for want of registers (C7511)."""
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
@@ -292,7 +307,8 @@ def test_rows_n_matches_reference(case, splits, gen):
 
 
 KERNELS = [("fused", "mma", "rows_m"), ("fused", "wgmma", "rows_m"), ("fused", "wgmma", "rows_n"),
-           ("cascade", "mma", None), ("cascade", "wgmma", None)]
+           ("fused", "pingpong", "rows_m"), ("fused", "pingpong_seq", "rows_m"),
+           ("cascade", "mma", None), ("cascade", "wgmma", None), ("cascade", "pingpong", None)]
 
 
 @gpu
@@ -355,7 +371,7 @@ def test_device_mismatch_raises(gen):
 
 
 @gpu
-@pytest.mark.parametrize("kernel", ["mma", "wgmma", "rows_n"])
+@pytest.mark.parametrize("kernel", ["mma", "wgmma", "rows_n", "pingpong", "pingpong_seq"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
 def test_compute_sanitizer(tool, kernel):
     """Every CUDA variant, with each fused kernel, on small cases under compute-sanitizer."""

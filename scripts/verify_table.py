@@ -1,0 +1,205 @@
+"""The verify-attention benchmark table: every variant at every shape of the tree-verify grid.
+
+Shapes: one GPU with H = 64 heads, N {9, 17, 33, 65, 129, 257, 513} x P {1024, 4096, 16384,
+32768} x B {1, 4, 16}; tensor-parallel shards H {8, 16, 32}, N {9, 17, 33, 65} x P {4096, 16384,
+32768} x B {1, 8, 64}. At each shape: fresh random inputs (a random tree with all N nodes real,
+every prefix P; input sets rotating over more than 2.5x the L2 where they fit, the L2 flushed
+before each replay: cold L2), every configuration checked against the float64 reference on the
+first and the last sequence, then timed under CUDA-graph replay (median and p20-p80 of per-call
+times; fewer repetitions and calls per graph for long calls). Variants: ``fused`` with each
+kernel (``fused_pingpong``, ``fused_pingpong_seq``, ``fused_wgmma``, ``fused_mma``; the column
+``default_impl`` names the one ``fused`` runs by default), ``cascade`` (default kernel),
+``naive`` where its predicted time is short, ``torch`` where its float32 score matrices fit and
+its predicted time is short (the ``skip`` column says why a variant was not run).
+
+Columns: us, p20, p80, TFLOP/s (useful FLOPs), TB/s (minimal bytes: each KV row once, q, out and
+lse), the fractions of the dense bf16 rate and the HBM copy bandwidth measured in the same run,
+the binding roof (``bf16`` or ``hbm``: whichever floor is longer) and the fraction of it, the
+launch plan (layout, tile rows, splits), the worst relative error of the check.
+
+    KDTREE_GIT_SHA=$(git rev-parse HEAD) python scripts/verify_table.py --out results/verify_table_h200
+
+writes ``<out>.csv`` row by row (a cut-off run keeps what it measured), then ``<out>.parquet``,
+``.csv`` and ``.meta.json`` (git sha, device, clocks sampled during the timed work, ceilings)
+through ``kdtree.bench.results.save_table``; prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from attention_dev import (ceilings, check_config, cost, input_sets, references, run_config,  # noqa: E402
+                           time_config)
+from kdtree.attention import D_V, _num_sms, fused_impl, launch_plan  # noqa: E402
+
+H64 = [(B, N, 64, P) for N in (9, 17, 33, 65, 129, 257, 513) for P in (1024, 4096, 16384, 32768)
+       for B in (1, 4, 16)]
+SHARDS = [(B, N, H, P) for H in (8, 16, 32) for N in (9, 17, 33, 65) for P in (4096, 16384, 32768)
+          for B in (1, 8, 64)]
+SHAPES = H64 + SHARDS
+
+# (label, variant, impl); cascade runs the default fused kernel.
+CONFIGS = [("fused_pingpong", "fused", "pingpong"), ("fused_wgmma", "fused", "wgmma"),
+           ("cascade", "cascade", None), ("fused_mma", "fused", "mma"),
+           ("fused_pingpong_seq", "fused", "pingpong_seq"), ("naive", "naive", None), ("torch", "torch", None)]
+OPTIONAL = ("fused_pingpong_seq", "fused_mma")  # dropped first when the time budget runs short
+
+NAIVE_MAX_US = 2000.0   # naive runs where its predicted time is below this
+TORCH_MAX_US = 5000.0   # torch likewise, and where one sequence's float32 scores fit in TORCH_MAX_BYTES
+TORCH_MAX_BYTES = 8 << 30
+
+
+def naive_predicted_us(B, N, H, P) -> float:
+    """The naive kernel's time from the earlier runs: ~13 TFLOP/s, and ~6 TB/s of L2 reads for
+    the latent rows it re-reads per (query, head) (docs/perf_log.md, verify_attention)."""
+    flops = 2 * (576 + 512) * (P + N) * N * H * B
+    return max(flops / 13e12, B * N * H * (P + N) * 1152 / 6e12) * 1e6
+
+
+def torch_predicted(B, N, H, P) -> tuple[float, float]:
+    """(us, bytes of one sequence's float32 score matrix) of the torch variant: dense matmuls at
+    ~40 TFLOP/s and ~12 passes over the scores at ~2 TB/s."""
+    scores = N * H * (P + N) * 4
+    us = B * (2 * N * H * (P + N) * (576 + 512) / 40e12 + 12 * scores / 2e12) * 1e6
+    return us, scores
+
+
+def skip_reason(label, B, N, H, P) -> str:
+    """Why a variant is not run at a shape ("" when it is)."""
+    if label == "naive":
+        us = naive_predicted_us(B, N, H, P)
+        return f"predicted {us / 1e3:.1f} ms > {NAIVE_MAX_US / 1e3:.0f} ms" if us > NAIVE_MAX_US else ""
+    if label == "torch":
+        us, nbytes = torch_predicted(B, N, H, P)
+        if nbytes > TORCH_MAX_BYTES:
+            return f"float32 scores of one sequence {nbytes / 2**30:.1f} GiB > {TORCH_MAX_BYTES >> 30} GiB"
+        return f"predicted {us / 1e3:.1f} ms > {TORCH_MAX_US / 1e3:.0f} ms" if us > TORCH_MAX_US else ""
+    return ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/verify_table", help="output path without suffix")
+    ap.add_argument("--budget", type=float, default=170.0,
+                    help="seconds; past 85%% of it the optional variants are dropped, past it every variant "
+                         "but fused_pingpong and fused_wgmma")
+    ap.add_argument("--shapes", help="B,N,H,P;... instead of the whole grid")
+    a = ap.parse_args(argv)
+    t_start = time.monotonic()
+    dev = torch.device("cuda")
+    sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
+    bw, rate = ceilings()
+    default = fused_impl(0)
+    print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, copy {bw / 1e12:.2f} TB/s, "
+          f"bf16 {rate / 1e12:.0f} TFLOP/s; fused runs {default} by default", flush=True)
+    shapes = SHAPES
+    if a.shapes:
+        from attention_dev import parse_shapes
+        shapes = parse_shapes(a.shapes)
+    gen = torch.Generator().manual_seed(2026)
+    out_csv = Path(a.out).with_suffix(".csv")
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    rows, ok, writer = [], True, None
+    with open(out_csv, "w", newline="") as f:
+        for B, N, H, P in shapes:
+            tree, pl, sets = input_sets(B, N, H, P, gen, l2, max_sets=48)
+            out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=dev),
+                   torch.empty(B, N, H, dtype=torch.float32, device=dev))
+            flops, nbytes = cost(B, N, H, P, tree)
+            floor_bf16, floor_hbm = flops / rate, nbytes / bw
+            roof = "bf16" if floor_bf16 >= floor_hbm else "hbm"
+            refs = references(tree, pl, *sets[0])
+            est = flops / (0.4 * rate)  # seconds per fused call, roughly
+            reps, max_calls = (10, 8) if est < 1e-3 else (5, 1) if est < 10e-3 else (3, 1)
+            for label, variant, impl in CONFIGS:
+                plan = (launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms,
+                                    impl=impl or default) if variant != "torch" else None)
+                row = dict(B=B, N=N, H=H, P=P, config=label, variant=variant,
+                           impl=(plan.impl if plan else "torch"), default_impl=default,
+                           layout=plan.layout if plan else "", tile_rows=plan.tile_rows if plan else 0,
+                           splits=plan.splits if plan else 1, us=math.nan, p20=math.nan, p80=math.nan,
+                           tflops=math.nan, tbps=math.nan, frac_bf16=math.nan, frac_copy=math.nan, roof=roof,
+                           frac_roof=math.nan, rel_err=math.nan, sets=len(sets), reps=0,
+                           sm_clock_mhz=math.nan, skip="")
+                elapsed = time.monotonic() - t_start
+                skip = skip_reason(label, B, N, H, P)
+                if not skip and elapsed > 0.85 * a.budget and label in OPTIONAL:
+                    skip = f"time budget ({elapsed:.0f} s of {a.budget:.0f} s)"
+                if not skip and elapsed > a.budget and label not in ("fused_pingpong", "fused_wgmma"):
+                    skip = f"time budget ({elapsed:.0f} s of {a.budget:.0f} s)"
+                if not skip:
+                    out[0].fill_(float("nan"))
+                    run_config(variant, tree, pl, *sets[0], out, impl=impl)
+                    worst, wrong = check_config(refs, out)
+                    if wrong:
+                        print(f"  B={B} N={N} H={H} P={P} {label}: {wrong}", flush=True)
+                        ok = False
+                        skip = wrong
+                    else:
+                        tm = time_config(variant, tree, pl, sets, out, impl=impl, reps=reps, max_calls=max_calls)
+                        t = tm.median_us * 1e-6
+                        row.update(us=tm.median_us, p20=tm.p20_us, p80=tm.p80_us, tflops=flops / t / 1e12,
+                                   tbps=nbytes / t / 1e12, frac_bf16=flops / t / rate, frac_copy=nbytes / t / bw,
+                                   frac_roof=max(floor_bf16, floor_hbm) / t, rel_err=worst, reps=tm.reps,
+                                   sm_clock_mhz=tm.sm_clock_mhz)
+                row["skip"] = skip
+                rows.append(row)
+                if writer is None:
+                    writer = csv.DictWriter(f, fieldnames=list(row))
+                    writer.writeheader()
+                writer.writerow(row)
+                f.flush()
+            sets.clear()
+            del refs, out
+            torch.cuda.empty_cache()
+            print(f"B={B:2d} N={N:3d} H={H:2d} P={P:5d} {roof} " + " ".join(
+                f"{r['config'].replace('fused_', '')}={r['us']:.0f}" for r in rows[-len(CONFIGS):] if not r["skip"])
+                + f" t={time.monotonic() - t_start:.0f}s", flush=True)
+    meta_extra = dict(ceiling_copy_bw=bw, ceiling_bf16_flops=rate, default_fused_impl=default,
+                      timing="CUDA-graph replay, cold L2 (input sets rotating over > 2.5x L2 where at most 48 "
+                             "fit; L2 flushed before each replay), median and p20-p80 of per-call times",
+                      naive_rule=f"run where predicted < {NAIVE_MAX_US:.0f} us",
+                      torch_rule=f"run where predicted < {TORCH_MAX_US:.0f} us and one sequence's float32 "
+                                 f"scores < {TORCH_MAX_BYTES >> 30} GiB",
+                      wall_s=time.monotonic() - t_start)
+    try:
+        import pandas as pd
+
+        from kdtree.bench.results import run_metadata, save_table
+
+        save_table(pd.DataFrame(rows), Path(a.out).with_suffix(".parquet"), {**run_metadata(), **meta_extra})
+    except Exception as e:  # the CSV written row by row stays
+        print(f"save_table failed ({type(e).__name__}: {e}); {out_csv} holds the rows", flush=True)
+    timed = [r for r in rows if not r["skip"] and r["variant"] != "torch" and r["config"] != "naive"]
+    print(f"\ncopy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s; graph replay, cold L2, median us; "
+          f"fraction of the binding roof")
+    best = {}
+    for r in timed:
+        key = (r["B"], r["N"], r["H"], r["P"])
+        best.setdefault(key, {})[r["config"]] = r
+    print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} roof {'pingpong':>14s} {'wgmma':>14s} {'cascade':>9s} {'mma':>9s}")
+    for (B, N, H, P), c in best.items():
+        def cell(name, frac=True):
+            r = c.get(name)
+            if r is None:
+                return "-"
+            return f"{r['us']:.0f} ({r['frac_roof']:.2f})" if frac else f"{r['us']:.0f}"
+        roof = next(iter(c.values()))["roof"]
+        print(f"{B:3d} {N:4d} {H:3d} {P:6d} {roof:4s} {cell('fused_pingpong'):>14s} {cell('fused_wgmma'):>14s} "
+              f"{cell('cascade', False):>9s} {cell('fused_mma', False):>9s}")
+    print(f"wrong: {sum(1 for r in rows if r['skip'].startswith('WRONG'))}, skipped: "
+          f"{sum(1 for r in rows if r['skip'] and not r['skip'].startswith('WRONG'))}, wall {time.monotonic() - t_start:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
