@@ -12,12 +12,14 @@
 //   from run to run; nothing downstream depends on it (each token's rows are computed alone
 //   and the combine sums a token's slots in slot order).
 // * moe_grouped_gemm: out[p, n] = sum_k x[row(p), k] w[e, n, k] for the positions p of expert e.
-//   Block (row tile, expert); MOE_KSPLIT warps split K, each streaming its part of the tile's
-//   weight rows through a private cp.async ring (every thread reads back only the bytes it
-//   copied, so no barrier is needed until the split-K reduction). mma.sync m16n8k16 with 16
-//   weight rows on M and 8 tokens on N; the K order inside each 64-wide step is permuted the
-//   same way for A and B, so a thread's 32 contiguous bytes of a row are its fragments of four
-//   k16 steps. Tokens come in chunks of 8 * MOE_NT; an expert with more re-streams its weights
+//   Block (row tile, expert); MOE_KSPLIT warps split K (warp w takes the 64-wide steps w,
+//   w + MOE_KSPLIT, ..., so a block reads MOE_KSPLIT x 128 contiguous bytes of each row at a
+//   time), each streaming its steps through a private cp.async ring (every thread reads back
+//   only the bytes it copied, so no barrier is needed until the split-K reduction). mma.sync
+//   m16n8k16 with 16 weight rows on M and 8 tokens on N; the K order inside each 64-wide step
+//   is permuted the same way for A and B: thread q of a row group copies bytes 16q .. 16q + 15
+//   and 64 + 16q .. 64 + 16q + 15 of the step (each copy instruction covers whole 32-byte
+//   sectors), and those 16 values are its fragments of four k16 steps. Tokens come in chunks of 8 * MOE_NT; an expert with more re-streams its weights
 //   per chunk. MOE_GATED = 1: w0 = gate, w1 = up (16 rows of each per block), the output is
 //   bf16 silu(gate) * up; MOE_GATED = 0: 32 rows of w0 per block, float32 output.
 // * moe_combine: out[t] = base[t] + sum_s weight[t, s] * ys[pos[t, s]] over the local slots,
@@ -52,6 +54,7 @@ typedef unsigned int moe_u32;
 
 #define MOE_KW (MOE_K / MOE_KSPLIT)          // K per warp
 #define MOE_KSTEPS (MOE_KW / 64)              // 64-wide steps per warp
+#define MOE_KSTRIDE (64 * MOE_KSPLIT)         // elements between a warp's steps
 #define MOE_NA 8                              // A uint4 per thread per step: 2 tiles x 2 rows x 32 bytes
 #define MOE_NB (2 * MOE_NT)                   // B uint4 per thread per step
 #define MOE_NSLOT (MOE_NA + MOE_NB)
@@ -70,7 +73,7 @@ __device__ __forceinline__ moe_bf16 moe_f32_to_bf16(float f) {
 }
 
 __device__ __forceinline__ void moe_cp_async16(moe_u32 dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
 __device__ __forceinline__ moe_u32 moe_word(const uint4& lo, const uint4& hi, int w) {
@@ -147,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
   if (first >= end) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int r0 = blockIdx.x * MOE_ROWS;
-  const long long kofs = (long long)warp * MOE_KW + q * 16;
+  const long long kofs = (long long)warp * 64 + q * 8;
   const moe_bf16* wa = w0 + (long long)e * n_out * MOE_K;
 #if MOE_GATED
   const moe_bf16* wb = w1 + (long long)e * n_out * MOE_K;
@@ -171,13 +174,13 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       bbytes[j] = ok ? 16 : 0;  // zero fill past the expert's tokens
     }
     auto issue = [&](int stage, int ks) {
-      const int kk = ks * 64;
+      const int kk = ks * MOE_KSTRIDE;
       const moe_u32 dst = mine_s + stage * MOE_NSLOT * 32 * 16;
 #pragma unroll
-      for (int i = 0; i < MOE_NA; ++i) moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 8, 16);
+      for (int i = 0; i < MOE_NA; ++i) moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 32, 16);
 #pragma unroll
       for (int j = 0; j < MOE_NB; ++j)
-        moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow[j >> 1] + kk + (j & 1) * 8, bbytes[j >> 1]);
+        moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow[j >> 1] + kk + (j & 1) * 32, bbytes[j >> 1]);
     };
     float acc[2][MOE_NT][4];
 #pragma unroll
@@ -208,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       for (int s = 0; s < 4; ++s) {
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-          // a[t*4 + h*2 + u]: tile t, row g + 8h, bytes 16u .. 16u + 15 of the thread's 32
+          // a[t*4 + h*2 + u]: tile t, row g + 8h, the thread's 16 bytes of half u of the step
           const moe_u32 x0 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s);
           const moe_u32 x1 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s);
           const moe_u32 x2 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s + 1);

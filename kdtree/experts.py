@@ -23,7 +23,10 @@ import functools
 import numpy as np
 import torch
 
-ROWS_GATED, ROWS_DOWN, KSPLIT = 16, 32, 4
+ROWS_GATED, ROWS_DOWN = 16, 32
+# (warps splitting K, cp.async ring depth) per token tiles nt: the most bytes in flight that
+# leave two blocks per SM (<= ~113 KB of shared memory each).
+SHAPES = {1: (4, 5), 2: (4, 4), 4: (4, 3)}
 _SRC = "moe_grouped"
 
 
@@ -44,14 +47,9 @@ def chunk_tiles(tokens: int, k: int, experts: int) -> int:
     return 1 if mean <= 2 else (2 if mean <= 6 else 4)
 
 
-def stages(nt: int) -> int:
-    """cp.async ring depth per warp for ``nt`` token tiles (two blocks of ~96 KB per SM at most)."""
-    return 4 if nt <= 2 else 3
-
-
-def smem_bytes(nt: int) -> int:
-    """Dynamic shared memory of a grouped-GEMM block: KSPLIT warps x stages x (8 + 2 nt) x 512 B."""
-    return KSPLIT * stages(nt) * (8 + 2 * nt) * 32 * 16
+def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
+    """Dynamic shared memory of a grouped-GEMM block: ksplit warps x stages x (8 + 2 nt) x 512 B."""
+    return ksplit * stages * (8 + 2 * nt) * 32 * 16
 
 
 def _check_bf16(name: str, t: torch.Tensor, dim: int) -> None:
@@ -67,8 +65,8 @@ def _check_bf16(name: str, t: torch.Tensor, dim: int) -> None:
 def supported(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, k: int) -> bool:
     """Whether ``routed_experts`` takes these operands (else the torch path runs).
 
-    bf16 CUDA tensors; the hidden width and expert intermediate multiples of 256 (the split-K
-    step) and of 32 (the row tiles); k <= 8 (the combine's slots per token); at most 1024 local
+    bf16 CUDA tensors; the hidden width and expert intermediate multiples of 256 (four warps'
+    64-wide steps) and of 32 (the row tiles); k <= 8 (the combine's slots per token); at most 1024 local
     experts.
     """
     if not (x.is_cuda and x.dtype == torch.bfloat16 and w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16):
@@ -111,7 +109,8 @@ def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Ten
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int, *,
-                 up: torch.Tensor | None = None, rowidx: torch.Tensor | None = None, nt: int = 1) -> torch.Tensor:
+                 up: torch.Tensor | None = None, rowidx: torch.Tensor | None = None, nt: int = 1,
+                 shape: tuple[int, int] | None = None) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -130,6 +129,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     rowidx : int32 [rows], optional
     nt : int
         Token tiles of 8 per chunk (``chunk_tiles``).
+    shape : (ksplit, stages), optional
+        Warps splitting K and ring depth; default ``SHAPES[nt]``.
 
     Returns
     -------
@@ -144,28 +145,31 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         _check_bf16("up", up, 3)
         if up.shape != w.shape:
             raise ValueError(f"up: expected the shape of w {tuple(w.shape)}, got {tuple(up.shape)}")
+    if nt not in SHAPES:
+        raise ValueError(f"nt: expected one of {sorted(SHAPES)}, got {nt!r}")
+    ksplit, stages = SHAPES[nt] if shape is None else shape
+    if ksplit not in (1, 2, 4, 8) or not 2 <= stages <= 8 or smem_bytes(nt, ksplit, stages) > 227 * 1024:
+        raise ValueError(f"shape: expected ksplit in (1, 2, 4, 8), stages in 2..8 within 227 KB, got {shape}")
     tile = ROWS_GATED if up is not None else ROWS_DOWN
-    if x.shape[1] != K or K % (64 * KSPLIT) or N % tile:
-        raise ValueError(f"x, w: expected x [R, K] and w [E, N, K] with K % {64 * KSPLIT} == 0 and "
+    if x.shape[1] != K or K % (64 * ksplit) or N % tile:
+        raise ValueError(f"x, w: expected x [R, K] and w [E, N, K] with K % {64 * ksplit} == 0 and "
                          f"N % {tile} == 0, got {tuple(x.shape)} and {tuple(w.shape)}")
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.shape != (E,) or offs.device != w.device:
         raise ValueError(f"offs: expected int32 [{E}] on {w.device}")
     if rowidx is not None and (rowidx.dtype != torch.int32 or rowidx.dim() != 1 or rowidx.shape[0] < rows):
         raise ValueError(f"rowidx: expected int32 [>= {rows}], got {rowidx.dtype} {tuple(rowidx.shape)}")
-    if nt not in (1, 2, 4):
-        raise ValueError(f"nt: expected 1, 2 or 4, got {nt!r}")
     if x.device != w.device:
         raise ValueError(f"x: expected the device of w ({w.device}), got {x.device}")
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
     if rows == 0:
         return out
     idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", KSPLIT), ("MOE_NT", nt),
-               ("MOE_STAGES", stages(nt)))
+    defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit), ("MOE_NT", nt),
+               ("MOE_STAGES", stages))
     fn = _kernel("moe_grouped_gemm", idx, defines)
-    launch(fn, (N // tile, E), (32 * KSPLIT,),
+    launch(fn, (N // tile, E), (32 * ksplit,),
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
-            ptr(out), np.int32(N)), shared_mem=smem_bytes(nt), device=x.device)
+            ptr(out), np.int32(N)), shared_mem=smem_bytes(nt, ksplit, stages), device=x.device)
     return out
 
 
