@@ -94,6 +94,7 @@ def main(argv=None) -> int:
                     help="seconds; past 85%% of it the optional variants are dropped, past it every variant "
                          "but fused_pingpong and fused_wgmma")
     ap.add_argument("--shapes", help="B,N,H,P;... instead of the whole grid")
+    ap.add_argument("--skip", default="", help="comma-separated config labels not to run (recorded as skipped)")
     a = ap.parse_args(argv)
     t_start = time.monotonic()
     dev = torch.device("cuda")
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
                            frac_roof=math.nan, rel_err=math.nan, sets=len(sets), reps=0,
                            sm_clock_mhz=math.nan, skip="")
                 elapsed = time.monotonic() - t_start
-                skip = skip_reason(label, B, N, H, P)
+                skip = "--skip" if label in a.skip.split(",") else skip_reason(label, B, N, H, P)
                 if not skip and elapsed > 0.85 * a.budget and label in OPTIONAL:
                     skip = f"time budget ({elapsed:.0f} s of {a.budget:.0f} s)"
                 if not skip and elapsed > a.budget and label not in ("fused_pingpong", "fused_wgmma"):
