@@ -133,7 +133,7 @@ def _profile(args) -> int:
         print(exc, file=sys.stderr)
         return 1
     table = compare(joined, per_launch=False)
-    cols = ["kernel", "variant", "q_len", "budget", "splits", "figure", "model", "counter", "ratio", "flag"]
+    cols = ["kernel", "variant", "q_len", "budget", "splits", "figure", "modelled", "counter", "ratio", "flag"]
     with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
         print(table[[c for c in cols if c in table.columns]].to_string(index=False))
     flagged = table[table["target"] & (table["flag"] != "")]

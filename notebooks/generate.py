@@ -167,8 +167,12 @@ NOTEBOOKS = {
                "alone and every cache flushed before each kernel, its counters read from the report's raw "
                "page and put beside the launches the cost model predicts. Per call and memory level: model, "
                "counter, ratio; DRAM bytes are flagged beyond 10%, tensor FLOPs as executed beyond 5% (the "
-               "other figures with a looser 25%, shown for the picture). Without a GPU and ncu nothing is "
-               "profiled and the notebook says so."),
+               "other figures with a looser 25%, shown for the picture). L2 reads twice: `l2_read` as the SMs "
+               "receive them (every block's own loads, what the code moves) and `l2_served` as the L2 slices "
+               "serve them, after the L2 request coalescer merged identical reads that co-resident blocks "
+               "issue at the same time (anywhere between the model's merged floor and the SMs' bytes). DRAM "
+               "figures under 256 KB are not judged: after the flush a launch fetches its own code from DRAM. "
+               "Without a GPU and ncu nothing is profiled and the notebook says so."),
         ("parameters", "counters_path = ''  # a `kdtree profile --out` folder to read; empty: profile now (GPU host)\n"
                        "full = False  # the larger point set, with 257 tree nodes too\n" + RUN_PARAMETERS.format(name="counters")),
         ("code", "from pathlib import Path\n\n"
@@ -186,17 +190,17 @@ NOTEBOOKS = {
                  "else:\n"
                  "    calls = table[table['launch'] == 'all']\n"
                  "    plots.table(calls, ['kernel', 'variant', 'batch', 'q_len', 'heads', 'prefix', 'budget', 'splits', 'layout',\n"
-                 "                        'kernel_name', 'figure', 'model', 'counter', 'ratio', 'tolerance', 'flag', 'note'])"),
+                 "                        'kernel_name', 'figure', 'modelled', 'counter', 'ratio', 'tolerance', 'flag', 'note'])"),
         ("md", "## Targets beyond tolerance\n\nThe DRAM bytes and tensor FLOPs (as executed) that miss the "
                "model, with the counters' own explanation where they have one."),
         ("code", "if joined is not None:\n"
                  "    miss = table[table['target'].astype(bool) & (table['flag'] != '') & (table['launch'] == 'all')]\n"
                  "    print(f'{len(miss)} of {int(table[table.launch == \"all\"].target.astype(bool).sum())} target figures beyond tolerance')\n"
-                 "    plots.table(miss, ['kernel', 'variant', 'figure', 'model', 'counter', 'ratio', 'note'])"),
+                 "    plots.table(miss, ['kernel', 'variant', 'figure', 'modelled', 'counter', 'ratio', 'note'])"),
         ("md", "## Per launch"),
         ("code", "if joined is not None:\n"
                  "    plots.table(joined, ['call', 'launch', 'kernel', 'variant', 'kernel_name', 'duration_us', 'dram_read',\n"
-                 "                         'dram_write', 'l2_read', 'l2_write', 'tensor_flops', 'hmma_active_pct',\n"
+                 "                         'dram_write', 'l2_read_sm', 'l2_read', 'l2_write', 'tensor_flops', 'hmma_active_pct',\n"
                  "                         'occupancy_pct', 'registers', 'smem_bytes', 'sm_clock_mhz'])"),
         ("md", "## Hierarchical roofline from counter bytes\n\nOne marker per memory level for each call, as "
                "Nsight Compute draws it: the same counted FLOP/s at the intensity of each level's bytes."),

@@ -45,14 +45,15 @@ def test_fused_follows_the_launch_plan(B, N, H, P):
     partials = plan.partial_slots * rows * (512 * 4 + 4)
     q, kv = rows * 576 * 2, B * (P + N) * ROW
     main = c.parts[0]
-    assert main.l2_read == pytest.approx(q + B * tiles * (P + N) * ROW + B * N * math.ceil(N / 64) * 8)
+    # every block loads its Q tile (once per split) and its split's KV range (once per row tile)
+    assert main.l2_read == pytest.approx(q * plan.splits + B * tiles * (P + N) * ROW + B * N * math.ceil(N / 64) * 8)
     if plan.partial_slots:       # split: the partials are written, then read back by the combine
         assert main.l2_write == partials and c.parts[1].kernel == "verify_combine"
         assert c.parts[1].dram_read == partials and c.parts[1].carried == partials
         assert c.dram_read == pytest.approx(q + kv + B * N * math.ceil(N / 64) * 8 + partials)
         assert c.hbm_bytes == pytest.approx(c.dram_bytes - partials)     # they stay in the L2 of a real call
-    else:
-        assert main.l2_write == rows * (512 * 2 + 4) and c.hbm_bytes == c.dram_bytes
+    else:                        # bf16 output stored 16 bytes per row and store: two sector writes per sector
+        assert main.l2_write == rows * (2 * 512 * 2 + 4) and c.hbm_bytes == c.dram_bytes
 
 
 def test_b1_n33_p4096_fused_moves_its_partials_through_dram_under_a_flush():
@@ -106,8 +107,38 @@ def test_outputs_stay_in_the_l2_unless_the_footprint_overflows_it():
     big = models.verify_attention_cost("fused", batch=16, nodes=257, heads=64, prefix=4096)
     written = 16 * 257 * 64 * (512 * 2 + 4)
     assert 0 < big.dram_write <= written
+    # 257 row tiles run in two waves (132 + 125 blocks); the last wave's rows are written at the
+    # end and are still in the L2 when the launch ends, even an L2 of 1 MiB
     tiny_l2 = models.verify_attention_cost("fused", batch=1, nodes=257, heads=64, prefix=4096, l2_bytes=1 << 20)
-    assert tiny_l2.dram_write == pytest.approx(257 * 64 * (512 * 2 + 4))
+    assert tiny_l2.dram_write == pytest.approx(132 * 64 * (512 * 2 + 4))
+    one_wave = models.verify_attention_cost("fused", batch=64, nodes=9, heads=8, prefix=16384)
+    assert one_wave.parts[0].dram_read > 60 << 20 and one_wave.dram_write == 0     # 128 blocks: one wave
+
+
+def test_kv_ranges_split_across_waves_are_read_again_when_a_wave_overflows_the_l2():
+    # B = 4, N = 129, H = 64: 129 row tiles per sequence, 132 resident blocks, so sequences 1, 2 and
+    # 3 start in one wave and finish in the next; with two 19 MB KV ranges (two L2 copies each) a
+    # wave touches more than the L2 holds and the next wave reads the range again.
+    c = models.verify_attention_cost("fused", batch=4, nodes=129, heads=64, prefix=16384)
+    kv_seq = (16384 + 129) * ROW
+    q, vis = 4 * 129 * 64 * 576 * 2, 4 * 129 * 3 * 8
+    assert c.launches == 1 and c.dram_read == pytest.approx(q + 4 * kv_seq + 3 * kv_seq + vis)
+    out = 4 * 129 * 64 * (512 * 2 + 4)
+    assert c.dram_write == pytest.approx(out * (516 - 120) / 516)     # the last wave (120 blocks) stays
+    short = models.verify_attention_cost("fused", batch=4, nodes=129, heads=64, prefix=1024)
+    assert short.dram_read == pytest.approx(q + 4 * (1024 + 129) * ROW + vis)       # a wave fits: read once
+
+
+def test_co_resident_blocks_share_their_tile_reads():
+    # one wave: 33 row tiles x 4 splits, each split's KV range and each Q tile read by a group
+    # of co-resident blocks; merged, the L2 slices serve each once (plus the written partials)
+    c = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    main = c.parts[0]
+    q, kv, vis = 33 * 64 * 576 * 2, (4096 + 33) * ROW, 33 * 8
+    assert main.l2_read - main.l2_shared == pytest.approx(q + kv + vis)
+    assert c.l2_merged == pytest.approx(c.l2_bytes - main.l2_shared) and c.l2_merged < c.l2_bytes
+    naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
+    assert naive.l2_shared == 0 and naive.l2_merged == naive.l2_bytes
 
 
 def test_unknown_variant_gets_the_minimum_and_says_so():
@@ -170,11 +201,25 @@ def test_roofs_use_hbm_bytes_l2_bytes_and_executed_flops():
     c = models.verify_attention_cost("fused", batch=16, nodes=257, heads=64, prefix=16384)
     t = roofline.roof_times(c, H200, "graph", "cold")
     assert t["hbm"] == pytest.approx(c.hbm_bytes / H200.hbm_bw * 1e6)
-    assert t["l2"] == pytest.approx(c.l2_bytes / H200.l2_bw * 1e6)
+    # the L2 roof: the bytes the L2 slices must serve, co-resident blocks' identical reads merged
+    assert t["l2"] == pytest.approx(c.l2_merged / H200.l2_bw * 1e6) and c.l2_merged < c.l2_bytes
     assert t["tensor"] == pytest.approx(c.flops_exec / H200.tensor_flops * 1e6)
     assert t["launch"] == pytest.approx(c.launches * H200.launch_graph_us)
     r = roofline.classify_point(c, H200, t["tensor"] / 0.4, "graph", "cold", "fused", "verify_attention")
     assert r["bound"] == "tensor" and r["fraction"] == pytest.approx(0.4)
+    assert "memory roofs from the model" in r["diagnosis"]
+
+
+def test_counter_bytes_replace_the_models_memory_roofs():
+    # B = 1, N = 33, H = 64, P = 4096 on an H200: the SMs read 184 MB from the L2 (as modelled), the
+    # slices served 74.5 MB: on those bytes the tensor cores bind, not the L2
+    c = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    counted = {"dram": 24.8e6, "l2": 74.5e6 + 19.6e6}
+    t = roofline.roof_times(c, H200, "graph", "cold", counted)
+    assert t["l2"] == pytest.approx(94.1e6 / H200.l2_bw * 1e6)
+    assert t["hbm"] == pytest.approx((24.8e6 - (c.dram_bytes - c.hbm_bytes)) / H200.hbm_bw * 1e6)
+    r = roofline.classify_point(c, H200, 60.0, "graph", "cold", "fused", "verify_attention", counted)
+    assert r["bound"] == "tensor" and "memory roofs from the counters: 24.8 MB DRAM, 94.1 MB" in r["diagnosis"]
 
 
 def test_eager_points_get_the_host_floor_not_a_device_roof():

@@ -40,6 +40,12 @@ H200_SMS = 132
 # Nsight Compute reports on an H200). Every block walks the same prefix rows in the same order,
 # so co-resident blocks share each row through the SM's L1: one L2 read per row per SM.
 NAIVE_RESIDENT = 3
+# The L2 of an H100 / H200 is two partitions; each caches what the SMs attached to it read, and
+# a line homed in the other partition is held there too. Bytes that SMs of both halves read (a
+# KV range every block of a sequence walks) take two copies; bytes one SM reads take one copy,
+# or two when homed in the far partition (half of them): 1.5 on average.
+SHARED_COPY = 2.0
+FAR_COPY = 1.5
 
 # Result-table columns every benchmark writes from a Cost (``Cost.columns``).
 COLUMNS = ("flops", "flops_exec", "bytes_min", "dram_read", "dram_write", "dram_bytes", "hbm_bytes",
@@ -65,6 +71,11 @@ class Launch:
         L2 between launches when they fit).
     count : int
         Launches this entry stands for (library ops that run several kernels).
+    l2_shared : float
+        Bytes of ``l2_read`` that a block requests while a co-resident block requests the same
+        bytes (blocks of one sequence and split walk the same KV tiles in step): the L2 request
+        coalescer may serve such reads once, so the L2 slices see between ``l2_read - l2_shared``
+        and ``l2_read`` bytes.
     """
 
     kernel: str
@@ -75,6 +86,7 @@ class Launch:
     l2_write: float
     carried: float = 0.0
     count: int = 1
+    l2_shared: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,6 +169,17 @@ class Cost:
         return self.l2_read + self.l2_write
 
     @property
+    def l2_shared(self) -> float:
+        """L2 -> SM bytes that co-resident blocks request at the same time (see :class:`Launch`)."""
+        return self._sum("l2_shared")
+
+    @property
+    def l2_merged(self) -> float:
+        """The fewest L2 <-> SM bytes the L2 slices serve: ``l2_bytes`` with every concurrent
+        identical read merged by the L2 request coalescer (a lower bound)."""
+        return self.l2_bytes - self.l2_shared
+
+    @property
     def bytes_moved(self) -> float:
         """What the variant moves through the L2 (same as ``l2_bytes``)."""
         return self.l2_bytes
@@ -196,6 +219,63 @@ def _spill(read: float, written: float, l2: float) -> float:
     """Written bytes that reach HBM during a launch: those that do not fit in the L2 beside
     what the launch reads (0 when everything fits)."""
     return float(min(written, max(0.0, read + written - l2))) if l2 else float(written)
+
+
+def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_rows: int, kv_tokens: int,
+               splits: int, partials: float, out: float, vis: float, resident: int, l2_bytes: float) -> Launch:
+    """One launch of a fused tile kernel (``cuda/attention_tile.cuh``) over ``kv_tokens`` KV rows.
+
+    Blocks are (row tile, split, sequence), row tile fastest, one resident per SM (the kernel's
+    shared memory), so they run in waves of ``resident``. Each block loads its Q tile and every
+    KV tile of its split with 16-byte ``cp.async`` (L2 -> SM: the Q tile once per split, the KV
+    range once per row tile), then writes its rows: fp32 partials (``partials``: whole 32-byte
+    sectors) or the bf16 output and lse (``out``: each thread stores 4 bytes, so a 32-byte
+    sector of the output arrives as two 16-byte halves, two sector writes at the L2).
+
+    HBM, each launch on a flushed L2: Q, the visibility rows and each sequence's (split's) KV
+    range once, plus a KV range again in every later wave that holds blocks of its group when
+    the wave before it touched more than the L2 holds (B = 4, N = 129, P = 16384: three of
+    four 19 MB ranges read twice). The footprint counts the copies the L2's two partitions
+    keep: :data:`SHARED_COPY` for KV read by SMs of both halves, :data:`FAR_COPY` for rows one
+    SM reads. Written bytes reach HBM during the launch only beyond what the L2 holds, and never
+    those of the last wave (written at the end, they are still in the L2 when the launch ends).
+    """
+    tiles = math.ceil(kv_tokens / KV_TILE)
+    per_split = math.ceil(tiles / splits) if tiles else 0
+    split_rows = [max(0, min(kv_tokens, (j + 1) * per_split * KV_TILE) - j * per_split * KV_TILE)
+                  for j in range(splits)]
+    busy = sum(1 for r in split_rows if r > 0)             # splits with tiles (the others load nothing)
+    q = batch * seq_rows * KV_ROW_BYTES
+    blocks = batch * splits * row_tiles
+    q_block = q / (batch * row_tiles)
+    written = partials if partials else out
+    per_block = written / blocks
+    kv_read = batch * sum(split_rows) * KV_ROW_BYTES
+    l2_read = q * busy + row_tiles * kv_read + vis
+    # waves: the KV each one touches (one read per group of blocks) and its distinct Q tiles
+    waves = math.ceil(blocks / resident)
+    merged, reread, last_foot = vis, 0.0, 0.0
+    for w in range(waves):
+        lo, hi = w * resident, min(blocks, (w + 1) * resident)
+        groups = range(lo // row_tiles, (hi - 1) // row_tiles + 1)    # group = (sequence, split)
+        kv_w = sum(split_rows[g % splits] for g in groups) * KV_ROW_BYTES
+        if splits == 1:
+            q_tiles = hi - lo
+        else:
+            q_tiles = len({(i // (row_tiles * splits), i % row_tiles) for i in range(lo, hi)})
+        merged += kv_w + q_tiles * q_block
+        if w and last_foot > l2_bytes:                 # groups continued from the wave before: read again
+            first = lo // row_tiles
+            if first * row_tiles < lo:
+                reread += split_rows[first % splits] * KV_ROW_BYTES
+        last_foot = SHARED_COPY * kv_w + FAR_COPY * (hi - lo) * q_block + (hi - lo) * per_block
+    footprint = SHARED_COPY * kv_read + FAR_COPY * q + written
+    last_wave = (blocks - (waves - 1) * resident) * per_block
+    spill = float(min(written - last_wave, max(0.0, footprint - l2_bytes))) if l2_bytes else float(written)
+    l2_write = partials if partials else out + batch * seq_rows * V_DIM * BF16     # bf16 halves: 2 sector writes
+    flops_exec = batch * row_tiles * tile_rows * tiles * KV_TILE * ATTN_FLOPS_PER_TOKEN
+    return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
+                  l2_shared=l2_read - merged)
 
 
 def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int, impl: str | None,
@@ -282,15 +362,13 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     part_bytes = rows * (V_DIM * F32 + F32)             # one fp32 partial set (o and lse)
 
     def pass_launch(kv_tokens: int, slots: int) -> Launch:
-        tiles = math.ceil(kv_tokens / KV_TILE)
-        read = q + B * kv_tokens * KV_ROW_BYTES + vis
-        written = slots * part_bytes if slots else out
-        return Launch(kernel, padded * tiles * KV_TILE * ATTN_FLOPS_PER_TOKEN, read, _spill(read, written, l2_bytes),
-                      q + B * row_tiles * kv_tokens * KV_ROW_BYTES + vis, written)
+        return _tile_pass(kernel, batch=B, seq_rows=N * H, row_tiles=row_tiles, tile_rows=plan.tile_rows,
+                          kv_tokens=kv_tokens, splits=max(slots, 1), partials=slots * part_bytes, out=out,
+                          vis=vis, resident=num_sms, l2_bytes=l2_bytes)
 
     def combine(slots: int) -> Launch:
         read = slots * part_bytes
-        return Launch("verify_combine", 0.0, read, _spill(read, out, l2_bytes), read, out, carried=read)
+        return Launch("verify_combine", 0.0, read, _spill(FAR_COPY * read, out, l2_bytes), read, out, carried=read)
 
     if variant == "cascade":
         parts = (pass_launch(P, plan.splits), pass_launch(N, 1), combine(plan.partial_slots))

@@ -119,8 +119,9 @@ def load_run(run_dir: str | Path) -> tuple[pd.DataFrame, Ceilings, dict]:
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     ceilings = run_ceilings(run_dir)
-    df = _timed(combine_results(run_dir))                   # damaged points are named and left out
-    return (classify(df, ceilings) if not df.empty else df), ceilings, manifest
+    combined = combine_results(run_dir)                     # damaged points are named and left out
+    df = _timed(combined)
+    return (classify(df, ceilings, counters=combined) if not df.empty else df), ceilings, manifest
 
 
 def run_ceilings(run_dir: str | Path) -> Ceilings:

@@ -7,7 +7,12 @@ Every roof is a lower bound on the time of one call, from the one cost model
 - ``hbm``: the call's HBM bytes (``hbm_bytes``: inputs from a cold L2, intermediates that stay
   in the L2, written bytes that spill) over the HBM bandwidth; zero for a warm L2 when the
   working set fits in the L2;
-- ``l2``: the L2 <-> SM bytes the variant moves (re-reads, partials) over the L2 bandwidth;
+- ``l2``: the bytes the L2 slices serve and take over the L2 bandwidth (a read probe over a
+  resident buffer, every SM reading its own lines). Where the run profiled the point, the
+  counters' bytes (``lts__t_sectors_srcunit_tex``); otherwise the model's ``l2_merged``: the
+  L2 <-> SM bytes the code moves (re-reads, partials) with every read that co-resident blocks
+  issue for the same bytes at the same time counted once, since the L2 request coalescer
+  merges such reads before the slices (the SMs' own bytes stay ``l2_bytes``);
 - ``tensor`` / ``fp32``: the FLOPs as executed (tile padding included) over the rate of the
   unit the variant runs on.
 
@@ -41,7 +46,7 @@ COLUMNS = ("flops", "flops_exec", "bytes_min", "hbm_bytes", "dram_bytes", "l2_by
            "attainable_us", "fraction", "bound", "ideal_us", "ideal_roof", "gap_to_ideal", "diagnosis")
 
 
-def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str) -> dict[str, float]:
+def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str, counted: dict | None = None) -> dict[str, float]:
     """Device lower bounds on one call's time in microseconds, one per roof that applies.
 
     Parameters
@@ -54,13 +59,19 @@ def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str) -> dict[str, 
         Timing mode of the measurement (the launch roof uses that mode's launch latency).
     l2 : {"warm", "cold", "n/a"}
         L2 state of the measurement.
+    counted : dict, optional
+        The point's counter bytes (``kdtree.bench.counters.counter_bytes``): ``dram`` (every
+        launch on a flushed L2) and ``l2`` (what the L2 slices served and took). They replace the
+        model's HBM bytes (less the intermediates the model carries between launches in the L2)
+        and its merged L2 bytes.
     """
     if l2 not in ("warm", "cold", "n/a"):
         raise ValueError(f"l2: expected 'warm', 'cold' or 'n/a', got {l2!r}")
     times = {"launch": cost.launches * ceilings.launch_us(mode)}
     resident = l2 == "warm" and ceilings.l2_bytes is not None and cost.hbm_bytes <= ceilings.l2_bytes
-    times["hbm"] = 0.0 if resident else cost.hbm_bytes / ceilings.hbm_bw * 1e6
-    times["l2"] = cost.l2_bytes / ceilings.l2_bw * 1e6
+    hbm = cost.hbm_bytes if counted is None else max(counted["dram"] - (cost.dram_bytes - cost.hbm_bytes), 0.0)
+    times["hbm"] = 0.0 if resident else hbm / ceilings.hbm_bw * 1e6
+    times["l2"] = (cost.l2_merged if counted is None else counted["l2"]) / ceilings.l2_bw * 1e6
     if cost.compute in ("tensor", "fp32"):
         rate = ceilings.tensor_flops if cost.compute == "tensor" else ceilings.fp32_flops
         times[cost.compute] = cost.flops_exec / rate * 1e6
@@ -80,8 +91,11 @@ def ideal_time(cost: Cost, ceilings: Ceilings, mode: str) -> tuple[float, str]:
 
 
 def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, l2: str,
-                   variant: str = "", kernel: str = "") -> dict:
+                   variant: str = "", kernel: str = "", counted: dict | None = None) -> dict:
     """Roofline figures of one measured point (the columns of :data:`COLUMNS`).
+
+    ``counted``: the point's counter bytes where the run profiled it (see :func:`roof_times`);
+    the diagnosis says whether the memory roofs come from the counters or the model.
 
     A host-timed point judged against GPU ceilings gets bound ``host`` and no fraction: the
     GPU's roofs say nothing about a CPU path. An eager point on a GPU gets bound ``host`` too,
@@ -109,12 +123,12 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
                               f"({cost.launches} launch{'es' if cost.launches > 1 else ''} through kdtree's Python "
                               f"path), {median_us / floor:.1f}x the floor; the device roofs apply to graph replay"))
         return out
-    times = roof_times(cost, ceilings, mode, l2)
+    times = roof_times(cost, ceilings, mode, l2, counted)
     bound = max(times, key=times.get)
     attainable = times[bound]
     ideal, ideal_roof = ideal_time(cost, ceilings, mode)
     gap = median_us / ideal if ideal > 0 else np.nan
-    diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times)
+    diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times, byte_source(cost, counted))
     if bound == "launch" and attainable / median_us < 0.5:
         bound = "latency"   # far above every roof: serial work, not launches or bytes
     out.update(attainable_us=attainable, fraction=attainable / median_us, bound=bound,
@@ -124,8 +138,9 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
 
 
 def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, ideal_roof: str,
-             times: dict[str, float]) -> str:
-    """One line: the variant's cause, the binding roof and how close, the gap to the ideal roof.
+             times: dict[str, float], source: str = "") -> str:
+    """One line: the variant's cause, the binding roof and how close, where the memory roofs'
+    bytes come from (``source``), the gap to the ideal roof.
 
     Example: ``"naive: re-reads the latent per head and query (64x the minimum bytes);
     L2-bound at 45% of the L2 roof; 160x below the tensor-core roof"``.
@@ -142,6 +157,8 @@ def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, 
         parts.append(f"{label}-bound, yet {fraction:.1f}x faster than that roof (model or ceiling off)")
     else:
         parts.append(f"{label}-bound at {fraction:.0%} of the {label} roof")
+    if source:
+        parts.append(source)
     if math.isfinite(gap):
         x = f"{gap:.{0 if gap >= 10 else 1}f}x"
         if ideal_roof == "launch":
@@ -153,28 +170,39 @@ def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, 
     return "; ".join(parts)
 
 
+def byte_source(cost: Cost, counted: dict | None) -> str:
+    """Where the memory roofs' bytes come from, in words."""
+    if counted is not None:
+        return (f"memory roofs from the counters: {counted['dram'] / 1e6:.3g} MB DRAM, {counted['l2'] / 1e6:.3g} MB "
+                f"served by the L2 slices (the model's SMs move {cost.l2_bytes / 1e6:.3g} MB)")
+    merged = "" if cost.l2_shared <= 0 else (f", {cost.l2_merged / 1e6:.3g} MB at the L2 slices with co-resident "
+                                             f"blocks' identical reads merged")
+    return f"memory roofs from the model: {cost.hbm_bytes / 1e6:.3g} MB HBM, {cost.l2_bytes / 1e6:.3g} MB L2 <-> SM{merged}"
+
+
 def classify(df: pd.DataFrame, ceilings: Ceilings, counters: pd.DataFrame | None = None) -> pd.DataFrame:
     """Add the roofline columns (:data:`COLUMNS`) to a tidy results table.
 
     Rows need ``kernel``, ``variant`` (or ``path``), ``mode``, ``l2``, ``median_us`` and the
     shape columns of their kernel's cost model; rows of kernels without a model, and rows without
     a time, keep NaNs. Where ``counters`` (default: ``df`` itself, as a run's combined table)
-    holds the run's counter comparison (``kdtree.bench.counters.compare`` rows), the diagnosis
-    of each profiled point ends with its counter figures.
+    holds the run's counter comparison (``kdtree.bench.counters.compare`` rows), each profiled
+    point's memory roofs use its counter bytes and its diagnosis ends with its counter figures.
     """
     for col in ("kernel", "mode", "l2", "median_us"):
         if col not in df.columns:
             raise ValueError(f"results table needs column {col!r}; it has {list(df.columns)}")
-    from kdtree.bench.counters import counter_notes, note_for_row
+    from kdtree.bench.counters import counter_bytes, counter_notes, note_for_row
 
     notes = counter_notes(df if counters is None else counters)
+    counted = counter_bytes(df if counters is None else counters)
     rows = []
     for rec in df.to_dict("records"):
         timed = isinstance(rec["median_us"], (int, float)) and math.isfinite(rec["median_us"])
         cost = cost_for_row(rec, ceilings.l2_bytes) if timed else None
         variant = rec.get("variant") if isinstance(rec.get("variant"), str) else rec.get("path", "")
         point = {} if cost is None else classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"],
-                                                       str(variant), str(rec["kernel"]))
+                                                       str(variant), str(rec["kernel"]), note_for_row(counted, rec) or None)
         extra = note_for_row(notes, rec) if point else ""
         if extra:
             point["diagnosis"] += f"; {extra}"
