@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 ROWS_GATED, ROWS_DOWN = 16, 32
-# (warps splitting K, cp.async ring depth) per token tiles nt: the most bytes in flight that
-# leave two blocks per SM (<= ~113 KB of shared memory each).
-SHAPES = {1: (4, 5), 2: (4, 4), 4: (4, 3)}
+# (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
+# sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
+# (one block per SM) were no faster anywhere.
+SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
 _SRC = "moe_grouped"
 
 
