@@ -19,17 +19,21 @@
 // (cp.async.mbarrier.arrive.noinc: the loading threads never wait). The owner of a tile waits on
 // both halves' mbarriers before its S.
 //
-// Handoffs (named barriers, 256 threads = one warpgroup arriving, the other waiting):
-//   NB_PUB:  the owner of tile i has written P(i), sAlpha and sM (fenced for the async proxy);
-//   NB_FREE: the owner of tile i - 1 has finished its O += P V of tile i - 1 (P is single-buffered);
-//   NB_WG0 + h (128 threads): warpgroup h's own P stores are complete before its own O += P V.
+// Handoffs (named barriers of 256 threads, one warpgroup arriving and the other waiting; one
+// barrier per direction, so that a warpgroup never arrives twice at a barrier before the other
+// has waited on it: with a single barrier for both directions, a warpgroup that published tile i
+// and reached its wait for tile i + 1 first completed the barrier on its own and hung):
+//   PP_NB_PUB + w:  warpgroup w, owner of tile i, has written P(i), sAlpha and sM (fenced for the
+//                   async proxy);
+//   PP_NB_FREE + w: warpgroup w has finished its O += P V of its tile i (P is single-buffered);
+//   PP_NB_WG + h (128 threads): warpgroup h's own P stores are complete before its own O += P V.
 #include "attention_common.cuh"
 #include "attention_tile.cuh"
 #include "attention_wgmma.cuh"
 
-#define PP_NB_PUB 1
-#define PP_NB_FREE 2
-#define PP_NB_WG0 3
+#define PP_NB_PUB 1   // + owner warpgroup
+#define PP_NB_FREE 3  // + owner warpgroup
+#define PP_NB_WG 5    // + warpgroup
 
 // Shared memory: Q, two KV stages, one P tile, then fp32 rows sM [BM], sAlpha [BM], sRed [2][BM],
 // then four mbarriers (stage x half). FUSED_SMEM_BYTES has room for all of it.
@@ -156,7 +160,7 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
 
       float mx_lo, mx_hi;
       fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
-      if (i > 0) nb_sync(PP_NB_FREE, 256);  // the other warpgroup is done reading P(i - 1)
+      if (i > 0) nb_sync(PP_NB_FREE + 1 - wg, 256);  // the other warpgroup is done reading P(i - 1)
       float m_lo = sM[r_lo], m_hi = sM[r_hi];  // running max after tile i - 1 (published with it)
       fused_softmax_store_p(s, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, al_lo, al_hi, sP, r_lo, r_hi, 0, tig);
       __syncwarp();  // the quad's reads of sM are done before its tig-0 thread writes it
@@ -167,12 +171,12 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
         sAlpha[r_hi] = al_hi;
       }
       att_fence_proxy_async();  // P, visible to wgmma
-      nb_arrive(PP_NB_PUB, 256);
-      nb_sync(PP_NB_WG0 + wg, 128);  // this warpgroup's part of P is all written
+      nb_arrive(PP_NB_PUB + wg, 256);
+      nb_sync(PP_NB_WG + wg, 128);  // this warpgroup's part of P is all written
     } else {
       // EARLY: S of the next tile (this warpgroup's) runs while the owner of tile i finishes it.
       if (EARLY && i + 1 < n) pp_qk(s, sQ, sKV, sBar, i + 1);
-      nb_sync(PP_NB_PUB, 256);  // P(i), sAlpha, sM of tile i published by its owner
+      nb_sync(PP_NB_PUB + st, 256);  // P(i), sAlpha, sM of tile i published by its owner
       mb_wait(sBar + 8 * (2 * st + wg), par);
       att_fence_proxy_async();
       al_lo = sAlpha[r_lo];
@@ -192,7 +196,7 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
     wg_wait_all();  // (EARLY: the next tile's S as well)
     wg_pin<128>(o);
     if (EARLY) wg_pin<32>(&s[0][0]);
-    if (st == wg && i + 1 < n) nb_arrive(PP_NB_FREE, 256);  // P(i) may be overwritten
+    if (st == wg && i + 1 < n) nb_arrive(PP_NB_FREE + wg, 256);  // P(i) may be overwritten
     if (i + 2 < n) {  // this warpgroup is done with its half of stage st: tile i + 2 goes there
       const int t0 = k.lo + (k.kt0 + i + 2) * FUSED_BN;
       pp_load_half(sK, kvb, t0, k.hi - t0, wg, st == wg, wtid, sBar + 8 * (2 * st + wg));
