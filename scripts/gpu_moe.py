@@ -1,6 +1,7 @@
 """The MoE / step-model measurements of results/moe/ in one device call.
 
-Usage: OUT=DIR PYTHONPATH=. python3 scripts/gpu_moe.py [steps]   (tables land in DIR/moe)
+Usage: OUT=DIR PYTHONPATH=. python3 scripts/gpu_moe.py [steps]   (tables land in DIR/moe; a device
+call returns at most 8 files, so pack the folder: tar czf DIR/moe.tgz -C DIR moe)
 
 Steps (comma-separated, default all, in this order):
   check      pytest -m gpu tests/test_moe.py (the kernels against float64, compute-sanitizer memcheck)
@@ -8,7 +9,7 @@ Steps (comma-separated, default all, in this order):
              model routing, T in TOKENS -> breakdown.*
   bench      run_moe_bench("kimi_k2_ep8", TOKENS, fp8=True) -> moe_bench.*
   validate   stepmodel.validate_presets (every preset that fits one GPU, batch 1, PAPER_TAU
-             budgets; env VAL_LAYERS (2), VAL_STEPS (5)) -> validation.*
+             budgets; env VAL_LAYERS (2), VAL_STEPS (3)) -> validation.*
   speedup    measure_components + speedup_table for kimi_k2_ep8 (61 layers, 8 GPUs) and
              qwen3_8b (36 layers, 1 GPU) -> components.*, speedup.*
 """
@@ -48,7 +49,7 @@ c.save(f"{OUT}/ceilings.json")
 meta["ceilings"] = c.caption()
 stamp(c.caption())
 TOKENS = (1, 17, 65, 257, 1025)
-VAL_LAYERS, VAL_STEPS = int(os.environ.get("VAL_LAYERS", 2)), int(os.environ.get("VAL_STEPS", 5))
+VAL_LAYERS, VAL_STEPS = int(os.environ.get("VAL_LAYERS", 2)), int(os.environ.get("VAL_STEPS", 3))
 summary = []
 if "breakdown" in STEPS:
     layer = M.moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)

@@ -142,6 +142,22 @@ def test_validate_on_cpu():
     assert ((v.distinct_engine >= 1) & (v.distinct_engine <= 4) & (v.distinct_random <= 4)).all()  # 4 local
 
 
+def test_validate_presets_share_decode_phases(monkeypatch):
+    """Two presets of one vocabulary: the decode phases measured once, both presets validated,
+    and ``within`` is the 15% rule on each row's ratio."""
+    calls = []
+    real = S.measure_decode_phases
+    monkeypatch.setattr(S, "measure_decode_phases", lambda *a, **k: calls.append(a) or real(*a, **k))
+    v = S.validate_presets(["tiny_ep", "tiny"], layers=2, budgets=(16,), prompt=12, new=8, steps=2, drafter="tiny")
+    assert len(calls) == 1 and list(v.preset) == ["tiny_ep", "tiny_ep", "tiny", "tiny"]
+    assert (v.within == ((v.ratio - 1).abs() <= 0.15)).all()
+    assert set(S.fitting_presets()) == {"kimi_k2_attn", "kimi_k2_tp8", "kimi_k2_tp4", "kimi_k2_tp2", "kimi_k2_ep8",
+                                        "kimi_k2_ep8_fp8"}
+    assert S.fitting_presets(memory_bytes=8 * 2**30) == []                        # none fits 8 GiB
+    with pytest.raises(ValueError, match="presets"):
+        S.validate_presets([], layers=2)
+
+
 def test_bad_input_names_the_argument(moe_components):
     with pytest.raises(ValueError, match="layers"):
         S.predict(moe_components, layers=0, first_dense=0, batch=1, budget=16, prefix=32)

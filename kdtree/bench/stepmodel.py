@@ -239,7 +239,7 @@ def _row(component, per, B, N, P, t, budget=""):
 
 
 def measure_components(model: str, batches, budgets, prefixes, *, drafter: str = "small", quick: bool = True,
-                       seed: int = 0) -> pd.DataFrame:
+                       seed: int = 0, phases: list[dict] | None = None) -> pd.DataFrame:
     """Measure every component of a step of ``model`` at each (batch, budget, prefix).
 
     Parameters
@@ -254,6 +254,10 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
         Drafter preset of the decode phases.
     quick : bool
         Fewer repetitions.
+    phases : list of dict, optional
+        Rows of ``measure_decode_phases`` at this model's vocabulary, batches and budgets,
+        measured once for several models that share them (they depend on nothing else);
+        measured here when not given.
 
     Returns
     -------
@@ -304,7 +308,8 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
                 rows.append(_row("dense_ffn", "layer", B, N, 0, timer(lambda: ffn(x))))
             for P in prefixes:
                 rows += _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen)
-    rows += measure_decode_phases(vocab, batches, budgets, drafter=drafter, quick=quick, seed=seed)
+    rows += [dict(r) for r in phases] if phases is not None else measure_decode_phases(
+        vocab, batches, budgets, drafter=drafter, quick=quick, seed=seed)
     df = pd.DataFrame(rows)
     df.insert(0, "model", model)
     if cuda:
@@ -469,7 +474,8 @@ def _distinct(moe: MoE, x: torch.Tensor) -> int:
 
 
 def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prompt: int = 512, new: int = 64,
-             steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0) -> pd.DataFrame:
+             steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0,
+             phases: list[dict] | None = None) -> pd.DataFrame:
     """The step model against the engine's measured step at ``preset`` with ``layers`` layers.
 
     The engine: ``step_breakdown`` (whole step in one graph on a GPU, eager on CPU) of the
@@ -514,7 +520,8 @@ def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prom
     if cuda:
         torch.cuda.empty_cache()
     P = prompt + new // 2
-    comps = measure_components(preset, [batch], list(budgets), [P], drafter=drafter, quick=quick, seed=seed)
+    comps = measure_components(preset, [batch], list(budgets), [P], drafter=drafter, quick=quick, seed=seed,
+                               phases=phases)
     out = []
     for budget, meas in measured.items():
         p = predict(comps, layers=layers, first_dense=cfg.first_dense, batch=batch, budget=budget, prefix=P)
@@ -539,11 +546,20 @@ def fitting_presets(memory_bytes: float = 139 * 2**30) -> list[str]:
 def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, prompt: int = 512, new: int = 64,
                      steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0) -> pd.DataFrame:
     """``validate`` at each preset of ``presets`` with ``layers`` layers (the preset's first dense
-    layers included), one table; ``within`` flags a prediction within 15% of the measured step."""
+    layers included), one table; ``within`` flags a prediction within 15% of the measured step.
+    The decode phases (drafter, top-K, build, accept, compact, commit) are measured once per
+    vocabulary and shared by the presets that have it."""
     if not presets:
         raise ValueError("presets: expected at least one preset")
-    out = pd.concat([validate(p, layers=layers, batch=batch, budgets=budgets, prompt=prompt, new=new, steps=steps,
-                              drafter=drafter, quick=quick, seed=seed) for p in presets], ignore_index=True)
+    phases, parts = {}, []
+    for p in presets:
+        vocab = get_config(p).vocab_size
+        if vocab not in phases:
+            phases[vocab] = measure_decode_phases(vocab, [batch], [0, "chain", *budgets], drafter=drafter,
+                                                  quick=quick, seed=seed)
+        parts.append(validate(p, layers=layers, batch=batch, budgets=budgets, prompt=prompt, new=new, steps=steps,
+                              drafter=drafter, quick=quick, seed=seed, phases=phases[vocab]))
+    out = pd.concat(parts, ignore_index=True)
     out["within"] = (out.ratio - 1).abs() <= 0.15
     return out
 
