@@ -6,6 +6,7 @@ an unwritten element fails, never NaN.
 """
 import math
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -252,6 +253,136 @@ def test_wgmma_kernels_keep_registers(name, tmp_path):
     entries = res.stderr.count("Compiling entry function")
     assert entries >= 1 and res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == entries, res.stderr
     assert "C7511" not in res.stderr and "C7510" not in res.stderr, res.stderr
+
+
+# The synchronisation of cuda/verify_attention_pingpong.cu as a model: the two warpgroups' programs
+# (tile loop, named barriers, per-(stage, half) load mbarriers) run under random interleavings and
+# random load completion; every read checks that the stage half, P, alpha and running max hold the
+# tile it expects, every load that no wgmma still reads the half it overwrites.
+
+class _Barrier:
+    """A named barrier of two warpgroups: a phase completes when both have arrived."""
+
+    def __init__(self):
+        self.phase, self.arrived = 0, []
+
+    def arrive(self, wg):
+        assert wg not in self.arrived, f"warpgroup {wg} arrived twice in one phase of a named barrier"
+        self.arrived.append(wg)
+        if len(self.arrived) == 2:
+            self.phase, self.arrived = self.phase + 1, []
+
+
+def _pingpong_run(n, early, seed, split_barriers=True):
+    rnd = random.Random(seed)
+    bars = {}
+
+    def bar(name, w):
+        return bars.setdefault((name, w if split_barriers else 0), _Barrier())
+
+    mb = {(s, h): 0 for s in (0, 1) for h in (0, 1)}       # completed phases per (stage, half)
+    half = {(s, h): None for s in (0, 1) for h in (0, 1)}  # (tile, landed)
+    landing, inflight = [], {0: [], 1: []}
+    shared = {"P": None, "alpha": None, "max": -1}
+
+    def read(wg, kind, tile, halves):
+        for sh in halves:
+            assert half[sh] == (tile, True), f"wg{wg} {kind}({tile}) reads {sh} holding {half[sh]}"
+        assert kind == "QK" or shared["P"] == tile, f"wg{wg} PV({tile}) reads P({shared['P']})"
+
+    def prog(wg):
+        def load(i):
+            s = i & 1
+            assert not any((s, wg) in h for w in (0, 1) for _, _, h in inflight[w]), f"wg{wg} overwrites a read half"
+            half[(s, wg)] = (i, False)
+            landing.append((s, wg, i))
+
+        def qk(i):
+            s = i & 1
+            yield ("mb", (s, 0), (i >> 1) & 1)
+            yield ("mb", (s, 1), (i >> 1) & 1)
+            read(wg, "QK", i, [(s, 0), (s, 1)])
+            inflight[wg].append(("QK", i, [(s, 0), (s, 1)]))
+
+        def wait_all():
+            for kind, t, h in inflight[wg]:
+                read(wg, kind, t, h)
+            inflight[wg].clear()
+            yield ("step",)
+
+        for i in range(min(2, n)):
+            load(i)
+        for i in range(n):
+            st = i & 1
+            if st == wg:
+                if not early or i == 0:
+                    yield from qk(i)
+                yield from wait_all()
+                if i > 0:
+                    yield ("sync", bar("free", 1 - wg))
+                assert shared["max"] == i - 1 and not any(k == "PV" for k, _, _ in inflight[1 - wg])
+                shared.update(P=i, alpha=i, max=i)
+                yield ("arrive", bar("pub", wg))
+            else:
+                if early and i + 1 < n:
+                    yield from qk(i + 1)
+                yield ("sync", bar("pub", st))
+                yield ("mb", (st, wg), (i >> 1) & 1)
+                assert shared["alpha"] == i
+            read(wg, "PV", i, [(st, wg)])
+            inflight[wg].append(("PV", i, [(st, wg)]))
+            yield ("step",)
+            yield from wait_all()
+            if st == wg and i + 1 < n:
+                yield ("arrive", bar("free", wg))
+            if i + 2 < n:
+                load(i + 2)
+
+    progs, req, done = {w: prog(w) for w in (0, 1)}, {}, set()
+
+    def advance(w):
+        r = next(progs[w], None)
+        if r is None:
+            done.add(w)
+        elif r[0] == "sync":  # a waiting warpgroup counts as arrived
+            target = r[1].phase + 1
+            r[1].arrive(w)
+            r = ("wait", r[1], target)
+        req[w] = r
+
+    for w in (0, 1):
+        advance(w)
+    while len(done) < 2:
+        if landing and rnd.random() < 0.3:
+            s, h, t = landing.pop(rnd.randrange(len(landing)))
+            half[(s, h)] = (t, True)
+            mb[(s, h)] += 1
+            continue
+        ready = [w for w in (0, 1) if w not in done and (
+            req[w][0] in ("step", "arrive") or (req[w][0] == "mb" and mb[req[w][1]] % 2 != req[w][2])
+            or (req[w][0] == "wait" and req[w][1].phase >= req[w][2]))]
+        if not ready:
+            assert landing, f"deadlock at n={n}: {req}"
+            continue
+        w = rnd.choice(ready)
+        if req[w][0] == "arrive":
+            req[w][1].arrive(w)
+        advance(w)
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["pingpong", "pingpong_seq"])
+def test_pingpong_protocol_model(early):
+    """No deadlock, no double arrival and no stale or overwritten data at any tile count."""
+    for n in range(0, 12):
+        for seed in range(80):
+            _pingpong_run(n, early, seed)
+
+
+def test_pingpong_protocol_model_catches_one_barrier_for_both_directions():
+    """The first version's single PUB / FREE barrier: a warpgroup completes it on its own."""
+    with pytest.raises(AssertionError, match="arrived twice"):
+        for seed in range(200):
+            _pingpong_run(2, True, seed, split_barriers=False)
 
 
 # ---------------------------------------------------------------- GPU
