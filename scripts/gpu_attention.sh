@@ -62,5 +62,5 @@ if [ -n "$TABLE" ] && have 120 "table"; then
     > "$OUT/table.log" 2>&1
   echo "table (rc $?) at ${SECONDS}s: $(tail -1 "$OUT/table.log")"
 fi
-sed -n '/^copy /,$p' "$OUT/dev.log"
+sed -n '/^HBM /,$p' "$OUT/dev.log"
 grep -E "WRONG|Error" "$OUT/dev.log" | head

@@ -13,7 +13,8 @@ kernel (``fused_pingpong``, ``fused_pingpong_seq``, ``fused_wgmma``, ``fused_mma
 its predicted time is short (the ``skip`` column says why a variant was not run).
 
 Columns: us, p20, p80, TFLOP/s (useful FLOPs), TB/s (minimal bytes: each KV row once, q, out and
-lse), the fractions of the dense bf16 rate and the HBM copy bandwidth measured in the same run,
+lse), the fractions of the dense bf16 rate and the HBM bandwidth measured in the same run
+(``attention_dev.ceilings``),
 the binding roof (``bf16`` or ``hbm``: whichever floor is longer) and the fraction of it, the
 launch plan (layout, tile rows, splits), the worst relative error of the check.
 
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     bw, rate = ceilings()
     default = fused_impl(0)
-    print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, copy {bw / 1e12:.2f} TB/s, "
+    print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, HBM {bw / 1e12:.2f} TB/s, "
           f"bf16 {rate / 1e12:.0f} TFLOP/s; fused runs {default} by default", flush=True)
     shapes = SHAPES
     if a.shapes:
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
                            impl=(plan.impl if plan else "torch"), default_impl=default,
                            layout=plan.layout if plan else "", tile_rows=plan.tile_rows if plan else 0,
                            splits=plan.splits if plan else 1, us=math.nan, p20=math.nan, p80=math.nan,
-                           tflops=math.nan, tbps=math.nan, frac_bf16=math.nan, frac_copy=math.nan, roof=roof,
+                           tflops=math.nan, tbps=math.nan, frac_bf16=math.nan, frac_hbm=math.nan, roof=roof,
                            frac_roof=math.nan, rel_err=math.nan, sets=len(sets), reps=0,
                            sm_clock_mhz=math.nan, skip="")
                 elapsed = time.monotonic() - t_start
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
                         tm = time_config(variant, tree, pl, sets, out, impl=impl, reps=reps, max_calls=max_calls)
                         t = tm.median_us * 1e-6
                         row.update(us=tm.median_us, p20=tm.p20_us, p80=tm.p80_us, tflops=flops / t / 1e12,
-                                   tbps=nbytes / t / 1e12, frac_bf16=flops / t / rate, frac_copy=nbytes / t / bw,
+                                   tbps=nbytes / t / 1e12, frac_bf16=flops / t / rate, frac_hbm=nbytes / t / bw,
                                    frac_roof=max(floor_bf16, floor_hbm) / t, rel_err=worst, reps=tm.reps,
                                    sm_clock_mhz=tm.sm_clock_mhz)
                 row["skip"] = skip
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
             print(f"B={B:2d} N={N:3d} H={H:2d} P={P:5d} {roof} " + " ".join(
                 f"{r['config'].replace('fused_', '')}={r['us']:.0f}" for r in rows[-len(CONFIGS):] if not r["skip"])
                 + f" t={time.monotonic() - t_start:.0f}s", flush=True)
-    meta_extra = dict(ceiling_copy_bw=bw, ceiling_bf16_flops=rate, default_fused_impl=default,
+    meta_extra = dict(ceiling_hbm_bw=bw, ceiling_bf16_flops=rate, default_fused_impl=default,
                       timing="CUDA-graph replay, cold L2 (input sets rotating over > 2.5x L2 where at most 48 "
                              "fit; L2 flushed before each replay), median and p20-p80 of per-call times",
                       naive_rule=f"run where predicted < {NAIVE_MAX_US:.0f} us",
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
     except Exception as e:  # the CSV written row by row stays
         print(f"save_table failed ({type(e).__name__}: {e}); {out_csv} holds the rows", flush=True)
     timed = [r for r in rows if not r["skip"] and r["variant"] != "torch" and r["config"] != "naive"]
-    print(f"\ncopy {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s; graph replay, cold L2, median us; "
+    print(f"\nHBM {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s; graph replay, cold L2, median us; "
           f"fraction of the binding roof")
     best = {}
     for r in timed:
