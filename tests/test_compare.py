@@ -1,9 +1,12 @@
 """`kdtree compare`: the join on declared keys, the between-run noise model of the flag (on
-simulated runs whose noise is known, where the old within-run rule fails), the page and the
-terminal summary, and two back-to-back CPU runs of this checkout."""
+simulated runs whose noise is known, where the old within-run rule fails), rows computed from
+others left out, the fallback of a family too small to show its noise, the page and the
+terminal summary, and two back-to-back CPU runs of this checkout (under 5% flagged; a real 2x
+slowdown flagged)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -14,8 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-import kdtree.bench.compare as compare_mod
-from kdtree.bench.compare import KEYS, MIN_CHANGE, compare_table, summary
+from kdtree.bench.compare import KEYS, MIN_CHANGE, MIN_POINTS, compare_table, summary
 from kdtree.bench.sweep import combine_results, run_sweep
 from kdtree.cli import main
 from workbook_run import CI_SWEEP, cpu_run
@@ -49,7 +51,7 @@ def test_between_run_noise_larger_than_the_spreads_flags_under_5_percent():
     assert len(t) == len(true) and t.attrs["only_a"] == t.attrs["only_b"] == 0
     assert overlap_rule(t).mean() > 0.5              # the within-run rule cries wolf on this noise
     assert (t["flag"] != "").mean() < 0.05
-    assert t.attrs["sigma"]["median_us"] == pytest.approx(0.04 * 2 ** 0.5, rel=0.25)
+    assert t.attrs["sigma"]["median_us"] == {"/verify_attention/graph": pytest.approx(0.04 * 2 ** 0.5, rel=0.25)}
 
 
 def test_real_changes_beyond_the_noise_are_flagged_both_ways():
@@ -101,18 +103,74 @@ def test_each_family_is_held_against_its_own_noise():
 
 
 def test_join_uses_declared_keys_and_matches_repeats_in_point_order():
-    a = simulated_run(_true(6), 0.0, 0.01, 7).assign(point=[f"p{i}" for i in range(6)], tau=1.0)
+    n = MIN_POINTS + 2
+    a = simulated_run(_true(n), 0.0, 0.01, 7).assign(point=[f"p{i}" for i in range(n)], tau=1.0)
     a.loc[3, ["variant", "q_len"]] = a.loc[2, ["variant", "q_len"]].to_numpy()     # one configuration twice
     a.loc[3, ["median_us", "p20_us", "p80_us"]] = [1e4, 0.99e4, 1.01e4]
     b = a.assign(check_rel=9.0, tau=2.0).iloc[::-1]
     t = compare_table(a, b)
-    assert len(t[t["metric"] == "median_us"]) == 6 and (t[t["metric"] == "median_us"]["ratio"] == 1).all()
+    assert len(t[t["metric"] == "median_us"]) == n and (t[t["metric"] == "median_us"]["ratio"] == 1).all()
     assert "check_rel" not in t.columns and set(t.attrs["keys"]) <= set(KEYS)
     assert (t[t["metric"] == "tau"]["flag"] == "faster").all()               # higher is better
     with pytest.raises(ValueError, match="no point in common"):
         compare_table(a, a.assign(kernel="other"))
     with pytest.raises(ValueError, match="metrics"):
         compare_table(a.drop(columns=["median_us", "tau"]), b)
+
+
+def test_rows_computed_from_other_rows_are_left_out():
+    # An eager step is the sum of its phases and verify.rest a difference; the step model's
+    # rows are predictions. A replayed step graph is timed, and stays.
+    phases = ["draft", "verify", "commit", "verify.attention", "verify.rest", "step"]
+    rows = [dict(table="breakdown", phase=ph, mode=md, budget=4, median_us=100.0 * (i + 1), p20_us=99.0 * (i + 1),
+                 p80_us=101.0 * (i + 1)) for md in ("eager", "graph") for i, ph in enumerate(phases)]
+    rows += [dict(table="speedup", model="m", budget=bud, mode="graph", tokens_per_s=1e3 * bud) for bud in (16, 32)]
+    a = pd.DataFrame(rows)
+    b = a.assign(median_us=a["median_us"] * 3, p20_us=a["p20_us"] * 3, p80_us=a["p80_us"] * 3,
+                 tokens_per_s=a["tokens_per_s"] / 3)
+    t = compare_table(a, b)
+    kept = set(zip(t["mode"], t["phase"].fillna("")))
+    assert ("eager", "step") not in kept and ("eager", "verify.rest") not in kept and ("graph", "verify.rest") not in kept
+    assert {("graph", "step"), ("eager", "draft"), ("eager", "verify.attention")} <= kept
+    assert "tokens_per_s" not in set(t["metric"]) and "speedup" not in set(t["table"].dropna())
+    assert t.attrs["derived"] == 2 * (3 + 2) and summary(t)["derived"] == 10
+
+
+def test_a_family_too_small_to_show_its_noise_takes_its_noisiest_peer_or_none():
+    # Two host families that show their scatter (2% and 10%), a 4-point host family and a
+    # 4-point graph family without a peer of its mode.
+    rng = np.random.default_rng(11)
+    fams = {"k_quiet": ("host", 0.02, 40), "k_noisy": ("host", 0.10, 40), "k_small": ("host", 0.0, 4),
+            "k_alone": ("graph", 0.0, 4)}
+    a = pd.concat([pd.DataFrame({"kernel": k, "mode": md, "q_len": np.arange(n), "median_us": 1000.0,
+                                 "p20_us": 999.0, "p80_us": 1001.0}) for k, (md, _, n) in fams.items()],
+                  ignore_index=True)
+    noise = np.concatenate([rng.normal(0, s, n) for _, s, n in fams.values()])
+    b = a.assign(median_us=a["median_us"] * np.exp(noise))
+    b.loc[b["kernel"].isin(["k_small", "k_alone"]), "median_us"] *= 1.15        # within the noisy peer's band
+    b[["p20_us", "p80_us"]] = np.c_[b["median_us"] * 0.999, b["median_us"] * 1.001]
+    t = compare_table(a, b)
+    by = t.groupby("kernel")
+    assert by["sigma"].first()["k_small"] == by["sigma"].first()["k_noisy"] > 2 * by["sigma"].first()["k_quiet"]
+    assert (by.get_group("k_small")["flag"] == "").all()                     # 1.15x: inside 3 x ~10%
+    assert (by.get_group("k_alone")["flag"] == "n/a").all()                  # no estimate, no verdict
+    assert set(t.attrs["sigma"]["median_us"]) == {"/k_quiet/host", "/k_noisy/host"}
+    b.loc[b["kernel"] == "k_small", ["median_us", "p20_us", "p80_us"]] *= 2
+    assert (compare_table(a, b).query("kernel == 'k_small'")["flag"] == "slower").all()
+
+
+def test_one_table_name_in_two_notebooks_is_two_families():
+    # The engine's step breakdown (few, noisy host steps) and the MoE breakdown (many quiet
+    # calls) share the table name "breakdown": each is held against its own scatter.
+    rng = np.random.default_rng(12)
+    n = 3 * MIN_POINTS
+    a = pd.DataFrame({"notebook": np.repeat(["03_step", "05_moe"], n), "table": "breakdown", "mode": "host",
+                      "tokens": np.tile(np.arange(n), 2), "median_us": 500.0, "p20_us": 499.0, "p80_us": 501.0})
+    b = a.assign(median_us=500.0 * np.exp(np.r_[rng.normal(0, 0.12, n), rng.normal(0, 0.005, n)]))
+    b[["p20_us", "p80_us"]] = np.c_[b["median_us"] * 0.999, b["median_us"] * 1.001]
+    t = compare_table(a, b)
+    assert (t["flag"] != "").mean() < 0.05
+    assert len(t.attrs["sigma"]["median_us"]) == 2
 
 
 class _Tables(HTMLParser):
@@ -144,9 +202,15 @@ def _ci_run(tmp_path, run_id: str):
     return run_sweep(CI_SWEEP, run_id=run_id, profile="cpu", out_root=tmp_path / "runs", progress=False)
 
 
-def test_back_to_back_cpu_runs_compare_every_point_and_the_noise_model_quiets_them(tmp_path, capsys, monkeypatch):
+def test_back_to_back_cpu_runs_flag_under_5_percent_and_a_2x_slowdown(tmp_path, capsys):
+    # The host's load over each run (its 1-minute load average at the run's end; a run takes
+    # about a minute): where other processes kept every CPU busy, CPU time itself moves by up to
+    # 2x in windows of seconds (measured on a shared 2-CPU VM), and the share is not asserted.
+    load = []
     a = _ci_run(tmp_path, "a")
+    load.append(os.getloadavg()[0])
     b = _ci_run(tmp_path, "b")
+    load.append(os.getloadavg()[0])
     reports = tmp_path / "reports"
     assert main(["compare", str(a), str(b), "--reports", str(reports)]) == 0
     out = capsys.readouterr().out
@@ -154,7 +218,7 @@ def test_back_to_back_cpu_runs_compare_every_point_and_the_noise_model_quiets_th
     assert f"report: {page}" in out and "largest changes:" in out and "WARNING" not in out
     compared, faster, slower, unchanged = (int(x) for x in re.search(
         r"(\d+) points compared: (\d+) faster, (\d+) slower, (\d+) unchanged", out).groups())
-    assert compared > 20 and compared == faster + slower + unchanged and "only in" not in out   # every point in both
+    assert compared > 20 and "only in" not in out                                      # every point in both
 
     text = page.read_text()
     assert text.index("points compared") < text.index("Plotly.newPlot") < text.index("<table")
@@ -165,17 +229,28 @@ def test_back_to_back_cpu_runs_compare_every_point_and_the_noise_model_quiets_th
         head, body = table[0], table[1:]
         assert head[head.index("a"):head.index("a") + 4] == ["a", "b", "ratio b/a", "flag"]
         assert all(any(r[i] for r in body) for i in range(len(head))), f"an all-empty column in {head}"
-    # The between-run noise model must quiet the plain rule (spreads, 5% and 3 us) on two runs
-    # of the same code. The share it leaves is a measurement of the host, not asserted here: on
-    # a quiet 2-CPU host the CPU sweep's host timings still flag 17-21% of points (heavy-tailed
-    # noise of the few-repetition engine components); the rule's behaviour on controlled noise
-    # is asserted on controlled noise by the simulated-run tests above.
+    # Two runs of the same code on the same machine: under 5% of the points with a verdict
+    # flagged, and nearly every point gets one (a point without a noise estimate is not one).
     ta, tb = combine_results(a), combine_results(b)
-    flagged = compare_table(ta, tb)["flag"].isin(["faster", "slower"]).sum()
-    monkeypatch.setattr(compare_mod, "Z", 0.0)
-    plain = compare_table(ta, tb)["flag"].isin(["faster", "slower"]).sum()
-    assert flagged == faster + slower
-    assert flagged < plain, (flagged, plain)
+    t = compare_table(ta, tb)
+    verdict = t["flag"] != "n/a"
+    flagged = t["flag"].isin(["faster", "slower"])
+    assert (int(flagged.sum()), int((t["flag"] == "").sum())) == (faster + slower, unchanged)
+    assert verdict.mean() >= 0.9, t.loc[~verdict, ["metric", "a", "b"]]
+    cols = [c for c in ("notebook", "table", "kernel", "component", "phase", "metric", "a", "b", "ratio", "flag")
+            if c in t.columns]
+    share = f"{int(flagged.sum())} of {int(verdict.sum())} points flagged"
+    # A real change is still seen: one component of the step model and one kernel made 2x slower.
+    slow = tb["component"].eq("norms") | tb["kernel"].eq("verify_attention")
+    assert slow.sum() >= 8
+    tb.loc[slow, ["median_us", "p20_us", "p80_us"]] *= 2
+    t2 = compare_table(ta, tb)
+    hit = t2["component"].eq("norms") | t2["kernel"].eq("verify_attention")
+    assert (t2.loc[hit, "flag"] == "slower").all(), t2.loc[hit & (t2["flag"] != "slower"), cols].to_string()
+    if max(load) > (os.cpu_count() or 1):
+        pytest.skip(f"host overloaded by other processes (load {max(load):.1f} on {os.cpu_count()} CPUs); {share}")
+    assert flagged.sum() < 0.05 * verdict.sum(), f"{share}, load {load}:\n" + t.loc[flagged, cols].to_string()
+    assert t2.loc[~hit, "flag"].isin(["faster", "slower"]).sum() < 0.05 * (t2.loc[~hit, "flag"] != "n/a").sum()
 
 
 def test_different_devices_warn_on_terminal_and_page(tmp_path, capsys):

@@ -5,6 +5,7 @@ saying what it adds, engineering formatting with units, and no all-empty table c
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -173,6 +174,26 @@ def test_engineering_formatting_and_units():
                                    "fraction of roof (%)"]                      # all-empty columns dropped
     assert shown.iloc[0].tolist() == ["fused", "87.8 us", "423 TFLOP/s", "1.83 TB/s", "50%"]
     assert shown.iloc[1].tolist() == ["naive", "10.4 ms", "1 TFLOP/s", "", "25%"]
+
+
+def test_run_summary_and_diagnosis_use_engineering_formatting():
+    # A kernel without FLOPs shows no FLOP rate (not "0 FLOP/s"); the diagnosis line speaks
+    # ms and GB, never "9.32e+03 us" or "2.08e+04 MB".
+    from kdtree.bench.models import verify_attention_cost
+    from kdtree.bench.report import headline
+    from kdtree.bench.roofline import classify_point
+
+    h = headline(pd.DataFrame({"kernel": ["accept", "accept", "verify_attention"], "variant": ["gpu", "gpu", "fused"],
+                               "mode": "graph", "l2": "warm", "flops": [0.0, 0.0, 1e9], "bytes_min": [1e6, 2e6, 1e6],
+                               "achieved_tflops": [0.0, 0.0, 400.0], "achieved_tbs": [0.3, 0.4, 1.0],
+                               "fraction": 0.5, "bound": "latency", "diagnosis": "d"}))
+    shown = display_table(h).set_index("kernel")
+    assert shown.loc["accept", "best FLOP/s"] == "" and shown.loc["verify_attention", "best FLOP/s"] == "400 TFLOP/s"
+    cost = verify_attention_cost("naive", batch=64, nodes=65, heads=64, prefix=4096)       # tens of GB via L2
+    eager = classify_point(cost, H200, 9320.0, "eager", "warm", "naive", "verify_attention")["diagnosis"]
+    graph = classify_point(cost, H200, 9320.0, "graph", "warm", "naive", "verify_attention")["diagnosis"]
+    assert "eager call, 9.32 ms against a host floor of 12 us" in eager
+    assert " GB L2 <-> SM" in graph and not any(re.search(r"\de[+-]\d", x) for x in (eager, graph)), graph
 
 
 def test_step_breakdown_reads_in_words_with_units():

@@ -170,7 +170,8 @@ def headline(df: pd.DataFrame) -> pd.DataFrame:
     for key, g in d.groupby(keys, dropna=False, sort=True):
         big = g.loc[(g["flops"] + g["bytes_min"]).idxmax()]
         rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "points": len(g),
-                     "best_tflops": g["achieved_tflops"].max(), "best_tbs": g["achieved_tbs"].max(),
+                     "best_tflops": g.loc[g["flops"] > 0, "achieved_tflops"].max(),   # none: no FLOPs
+                     "best_tbs": g["achieved_tbs"].max(),
                      "median_fraction": g["fraction"].median(), "bound": g["bound"].mode().iat[0],
                      "diagnosis (largest point)": big["diagnosis"]})
     return pd.DataFrame(rows)
@@ -353,7 +354,9 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
             + "".join(f'<p class="warning"><b>Warning:</b> {html.escape(w)}</p>' for w in warnings)
             + f"<p><b>{s['compared']} points compared: {s['faster']} faster, {s['slower']} slower, "
               f"{s['unchanged']} unchanged</b>"
-            + (f", {s['not comparable']} not comparable (a value not positive)" if s["not comparable"] else "")
+            + (f", {s['not comparable']} not comparable (a value not positive, or no noise estimate)"
+               if s["not comparable"] else "")
+            + (f"; {s['derived']} rows computed from others left out" if s["derived"] else "")
             + (f"; {s['only in a']} only in {html.escape(ida)}" if s["only in a"] else "")
             + (f"; {s['only in b']} only in {html.escape(idb)}" if s["only in b"] else "")
             + f". Devices: {html.escape(str(dev[0]))} ({html.escape(ida)}), {html.escape(str(dev[1]))} "
@@ -390,9 +393,11 @@ def _ratio_chart(t: pd.DataFrame, ida: str, idb: str):
     fig = go.Figure()
     for flag, g in d.groupby("flag", sort=False):
         fig.add_trace(go.Scatter(
-            x=g["slowdown"], y=g["label"], mode="markers", name=flag or "within noise",
+            x=g["slowdown"], y=g["label"], mode="markers",
+            name={"": "within noise", "n/a": "not comparable"}.get(flag, flag),
             marker={"color": colors.get(flag, "#999999"), "size": 8,
-                    "symbol": {"slower": "triangle-right", "faster": "triangle-left"}.get(flag, "circle")},
+                    "symbol": {"slower": "triangle-right", "faster": "triangle-left",
+                               "n/a": "circle-open"}.get(flag, "circle")},
             text=[f"{lab}<br>{compare.value_text(m, va)} -> {compare.value_text(m, vb)} (ratio {r:.3g})"
                   for lab, m, va, vb, r in zip(g["label"], g["metric"], g["a"], g["b"], g["ratio"])],
             hovertemplate="%{text}<extra></extra>"))
@@ -410,8 +415,8 @@ def _ratio_chart(t: pd.DataFrame, ida: str, idb: str):
     fig.update_layout(template="plotly_white", height=240 + 18 * max(len(d), 4), margin={"t": 150},
                       title={"text": "What changed, point by point<br><sup>flagged: outside both runs' spreads, "
                                      f"past {compare.MIN_CHANGE:.0%} and {compare.MIN_US:g} us, and past {compare.Z:g} "
-                                     f"sigma of the scatter between the runs (sigma of the times "
-                                     f"{100 * t.attrs['sigma'].get('median_us', 0):.2g}%)</sup>",
+                                     f"sigma of the scatter between the runs (sigma of the "
+                                     f"{compare.sigma_text(t.attrs['sigma'], 'median_us')})</sup>",
                              "x": 0.01},
                       legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1, "yanchor": "top",
                               "xref": "container", "yref": "container"})
@@ -441,7 +446,8 @@ def _compare_display(t: pd.DataFrame) -> pd.DataFrame:
     for col in ("a_p20", "a_p80", "b_p20", "b_p80"):
         if col in t.columns:
             d[col.replace("_", " ")] = [compare.value_text(m, v) for m, v in zip(t["metric"], t[col])]
-    d["noise band (ratio)"] = [f"{lo:.3g}x - {hi:.3g}x" for lo, hi in zip(t["band_lo"], t["band_hi"])]
+    d["noise band (ratio)"] = ["" if pd.isna(lo) else f"{lo:.3g}x - {hi:.3g}x"     # none: no noise estimate
+                               for lo, hi in zip(t["band_lo"], t["band_hi"])]
     if (d["metric"] == d["metric"].iat[0]).all():
         d = d.drop(columns="metric")
     return d[[c for c in d.columns if not d[c].eq("").all()]]

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from kdtree.bench.ceilings import Ceilings
+from kdtree.bench.display import eng
 from kdtree.bench.models import Cost, cost_for_row, kernel_name
 
 ROOF_LABELS = {"launch": "launch", "hbm": "HBM", "l2": "L2", "tensor": "tensor-core",
@@ -119,7 +120,7 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
     if mode == "eager" and ceilings.kind == "gpu":
         floor = ceilings.eager_floor(kernel_name(kernel), cost.launches)
         out.update(attainable_us=floor, fraction=floor / median_us, bound="host", **none,
-                   diagnosis=(f"{name}: eager call, {median_us:.3g} us against a host floor of {floor:.3g} us "
+                   diagnosis=(f"{name}: eager call, {eng(median_us * 1e-6, 's')} against a host floor of {eng(floor * 1e-6, 's')} "
                               f"({cost.launches} launch{'es' if cost.launches > 1 else ''} through kdtree's Python "
                               f"path), {median_us / floor:.1f}x the floor; the device roofs apply to graph replay"))
         return out
@@ -151,8 +152,9 @@ def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, 
         parts.append(f"launch-bound ({times['launch']:.1f} us of launches, {fraction:.0%} of the call)")
     elif bound == "launch":
         memory = max(times.get("hbm", 0.0), times.get("l2", 0.0))
-        parts.append(f"latency-bound: {times['launch'] / fraction:.3g} us per call against a "
-                     f"{times['launch']:.2g} us launch floor and {memory:.2g} us of memory traffic (serial work)")
+        parts.append(f"latency-bound: {eng(times['launch'] / fraction * 1e-6, 's')} per call against a "
+                     f"{eng(times['launch'] * 1e-6, 's')} launch floor and {eng(memory * 1e-6, 's')} of memory "
+                     f"traffic (serial work)")
     elif fraction > 1.05:
         parts.append(f"{label}-bound, yet {fraction:.1f}x faster than that roof (model or ceiling off)")
     else:
@@ -173,11 +175,11 @@ def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, 
 def byte_source(cost: Cost, counted: dict | None) -> str:
     """Where the memory roofs' bytes come from, in words."""
     if counted is not None:
-        return (f"memory roofs from the counters: {counted['dram'] / 1e6:.3g} MB DRAM, {counted['l2'] / 1e6:.3g} MB "
-                f"served by the L2 slices (the model's SMs move {cost.l2_bytes / 1e6:.3g} MB)")
-    merged = "" if cost.l2_shared <= 0 else (f", {cost.l2_merged / 1e6:.3g} MB at the L2 slices with co-resident "
+        return (f"memory roofs from the counters: {eng(counted['dram'], 'B')} DRAM, {eng(counted['l2'], 'B')} "
+                f"served by the L2 slices (the model's SMs move {eng(cost.l2_bytes, 'B')})")
+    merged = "" if cost.l2_shared <= 0 else (f", {eng(cost.l2_merged, 'B')} at the L2 slices with co-resident "
                                              f"blocks' identical reads merged")
-    return f"memory roofs from the model: {cost.hbm_bytes / 1e6:.3g} MB HBM, {cost.l2_bytes / 1e6:.3g} MB L2 <-> SM{merged}"
+    return f"memory roofs from the model: {eng(cost.hbm_bytes, 'B')} HBM, {eng(cost.l2_bytes, 'B')} L2 <-> SM{merged}"
 
 
 def classify(df: pd.DataFrame, ceilings: Ceilings, counters: pd.DataFrame | None = None) -> pd.DataFrame:
