@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/gpu_counters}
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-"$NCU" --query-metrics 2>&1 | grep -E "^(sm__ops_path_tensor_src_bf16|sm__inst_executed_pipe_tensor|sm__pipe_tensor_op|lts__t_sectors_srcunit_tex_op|dram__bytes_)" > "$OUT/metrics.txt"
+"$NCU" --query-metrics 2>&1 | grep -E "^(sm__ops_path_tensor_src_bf16|sm__inst_executed_pipe_tensor|sm__pipe_tensor_op|lts__t_sectors_srcunit_tex_op|l1tex__m_xbar2l1tex_read|dram__bytes_)" > "$OUT/metrics.txt"
 timeout "${PROFILE_LIMIT:-150}" python3 -m kdtree.cli profile --out "$WORK/counters" $PROFILE_ARGS 2>&1 | tee "$OUT/profile.log"
 for f in counters_raw.csv calls.json counters.csv counters.meta.json; do cp "$WORK/counters/$f" "$OUT/" 2>/dev/null; done
 timeout "${CEILINGS_LIMIT:-60}" python3 - "$OUT/ceilings.json" <<'PY' 2>&1 | tee "$OUT/ceilings.log"

@@ -105,15 +105,18 @@ def counter_rows(combined: pd.DataFrame) -> list[list[str]]:
         shape = (f"B={int(first.batch)}, N={int(first.q_len)}, H={int(first.heads)}, P={int(first.prefix)}"
                  if first.kernel == "verify_attention" else f"batch {int(first.batch)}, budget {int(first.budget)}")
         cells = []
-        for fig in ("dram_bytes", "tensor_flops", "l2_read"):
+        for fig in ("dram_bytes", "tensor_flops", "l2_read", "l2_served"):
             r = g[g["figure"] == fig]
             if r.empty:
                 cells.append("")
                 continue
             r = r.iloc[0]
+            # ``modelled`` (``model`` in runs made before the rename)
+            m = r["modelled"] if "modelled" in r and pd.notna(r["modelled"]) else r["model"]
             unit, scale = ("GFLOP", 1e9) if fig == "tensor_flops" else ("MB", 1e6)
-            cells.append(f"{r.counter / scale:.3g} / {r.model / scale:.3g} {unit} = {r.ratio:.2f}"
-                         + (f" **{r.flag}**" if r.flag and r.target else ""))
+            cells.append(f"{r.counter / scale:.3g} / {m / scale:.3g} {unit} = {r.ratio:.2f}"
+                         + (f" **{r.flag}**" if r.flag and r.target else "")
+                         + (" (not judged: under the floor)" if str(r.get("note", "")).startswith("not judged") else ""))
         rows.append([f"{first.kernel} `{first.variant}`", shape, *cells])
     return rows
 
@@ -221,8 +224,10 @@ def block(run_dir: str | Path) -> str:
     if cr:
         out += ["", f"The cost model against Nsight Compute (counter / model = ratio; L2 flushed before each "
                     f"kernel; targets: DRAM bytes within {TOLERANCE['dram_bytes']:.0%}, tensor FLOPs as executed "
-                    f"within {TOLERANCE['tensor_flops']:.0%}; L2 -> SM reads shown for the picture):", "",
-                _table(["kernel", "shape", "DRAM bytes", "tensor FLOPs", "L2 -> SM reads"], cr)]
+                    f"within {TOLERANCE['tensor_flops']:.0%}; L2 reads shown for the picture: as the SMs receive "
+                    f"them, and as the L2 slices serve them after the L2 request coalescer merged identical "
+                    f"reads of co-resident blocks):", "",
+                _table(["kernel", "shape", "DRAM bytes", "tensor FLOPs", "L2 -> SM reads", "L2 slices' reads"], cr)]
     out += engine_lines(combined) + moe_lines(combined)
     return "\n".join(out)
 

@@ -1,5 +1,7 @@
 """Rerun agreement of two runs of one sweep: every point present in both, and the share of the
-timed points over 50 us whose times agree within 5%, by kernel and timing mode.
+timed points over 50 us whose times agree within 5%, by kernel and timing mode, with the median
+ratio of each group (a whole group off by the same factor is the machine, not the points' noise)
+and the points that disagree most.
 
 Usage: python scripts/rerun_agreement.py parameterized_runs/<run-a> parameterized_runs/<run-b>
 """
@@ -7,10 +9,12 @@ from __future__ import annotations
 
 import sys
 
+import pandas as pd
+
 from kdtree.bench.compare import compare_table
 from kdtree.bench.sweep import combine_results
 
-FLOOR_US, WITHIN = 50.0, 0.05
+FLOOR_US, WITHIN, WORST = 50.0, 0.05, 15
 
 
 def agreement(run_a: str, run_b: str) -> str:
@@ -26,10 +30,20 @@ def agreement(run_a: str, run_b: str) -> str:
              f"{only.get('a', 0)}, only in {run_b}: {only.get('b', 0)}.",
              f"Points over {FLOOR_US:g} us within {WITHIN:.0%}: {int(big['agree'].sum())} of {len(big)} "
              f"({big['agree'].mean():.1%}).", "",
-             "| kernel | mode | points over 50 us | within 5% | share |", "|---|---|---|---|---|"]
+             "| kernel | mode | points over 50 us | within 5% | share | median ratio | p10-p90 ratio |",
+             "|---|---|---|---|---|---|---|"]
     big["kernel"] = big["kernel"].fillna("-")
     for (kernel, mode), g in big.groupby(["kernel", "mode"]):
-        lines.append(f"| {kernel} | {mode} | {len(g)} | {int(g['agree'].sum())} | {g['agree'].mean():.1%} |")
+        lines.append(f"| {kernel} | {mode} | {len(g)} | {int(g['agree'].sum())} | {g['agree'].mean():.1%} | "
+                     f"{g['ratio'].median():.3f} | {g['ratio'].quantile(0.1):.2f}-{g['ratio'].quantile(0.9):.2f} |")
+    worst = big.assign(off=(big["ratio"] - 1).abs()).sort_values("off", ascending=False).head(WORST)
+    keys = [c for c in ("table", "kernel", "variant", "phase", "component", "batch", "budget", "q_len", "prefix",
+                        "heads", "mode", "l2") if c in worst and worst[c].notna().any()]
+    lines += ["", f"The {len(worst)} points that disagree most:", "",
+              "| " + " | ".join(keys) + " | a (us) | b (us) | b / a |", "|" + "---|" * (len(keys) + 3)]
+    for _, r in worst.iterrows():
+        cells = ["" if pd.isna(r[k]) else str(r[k]) for k in keys]
+        lines.append("| " + " | ".join(cells) + f" | {r['a']:.4g} | {r['b']:.4g} | {r['ratio']:.3f} |")
     return "\n".join(lines)
 
 

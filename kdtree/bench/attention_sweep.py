@@ -104,9 +104,12 @@ def check(variant, q, kv, pl, tree) -> tuple[float, float]:
 
 
 def _plan(quick: bool, t0_us: float) -> dict:
-    """Repetitions of each timing from a first estimate ``t0_us`` of one call."""
+    """Repetitions of each timing from a first estimate ``t0_us`` of one call. Eager calls under
+    0.5 ms (host dispatch, whose median moves most between runs) get 100 repetitions in quick
+    sweeps too."""
     per_graph = max(1, min(8, int(2e3 / t0_us)))
-    return {"reps": int(min(30 if quick else 200, max(5, 0.2e6 / t0_us))), "per_graph": per_graph,
+    cap = (100 if t0_us < 500 else 30) if quick else 200
+    return {"reps": int(min(cap, max(5, 0.2e6 / t0_us))), "per_graph": per_graph,
             "g_reps": int(min(10 if quick else 50, max(3, 0.2e6 / (t0_us * per_graph))))}
 
 

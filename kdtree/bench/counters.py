@@ -322,7 +322,6 @@ def _judge(fig: str, g: pd.DataFrame, m: float, c: float) -> dict:
                 f"writes dirty lines back before the launch's footprint fills it (the model spills only what "
                 f"exceeds the L2, counting the copies its two partitions keep)")
     return {"flag": flag, "note": note}
-    return pd.DataFrame(rows)
 
 
 def roofline_points(joined: pd.DataFrame) -> pd.DataFrame:

@@ -11,6 +11,8 @@ spread over everything timed in this process, for a run's metadata.
 """
 from __future__ import annotations
 
+import gc
+import itertools
 import math
 import subprocess
 import threading
@@ -140,19 +142,25 @@ def clock_summary() -> dict:
 
 
 def time_host(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2,
-              sync: bool = False) -> Timing:
-    """Wall-clock time of a host (CPU) path; ``sync`` waits for the GPU after each call."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        if sync:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) * 1e6)
+              sync: bool = False, min_s: float | None = None) -> Timing:
+    """Wall-clock time of a host (CPU) path; ``sync`` waits for the GPU after each call.
+
+    After the warm-up (:func:`warm_up`), at least ``reps`` calls and more until ``min_s``
+    seconds (default :data:`HOST_MIN_S`) have passed (at most :data:`HOST_MAX_REPS`), the
+    garbage collector off (:class:`QuietGC`).
+    """
+    with QuietGC():
+        warm_up(fn, warmup, sync)
+        samples = []
+        end = time.perf_counter() + (HOST_MIN_S if min_s is None else min_s)
+        while len(samples) < reps or (time.perf_counter() < end and len(samples) < HOST_MAX_REPS):
+            if sync:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if sync:
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) * 1e6)
     return summarize(samples, "host", "n/a")
 
 
@@ -167,20 +175,56 @@ class L2Flush:
         self.buf.fill_(1)
 
 
+# Host and eager timings call the function for at least WARMUP_S seconds first (CPU clocks up,
+# allocator and caches warm), and a host timing samples for at least HOST_MIN_S seconds (up to
+# HOST_MAX_REPS calls): medians of 3 calls of the tree build's host paths moved 10-30% between
+# back-to-back passes on a busy 2-core host; sampled for 0.1-0.3 s, the median pair moves 1-2%.
+WARMUP_S = 0.01
+HOST_MIN_S = 0.1
+HOST_MAX_REPS = 2000
+
+
+class QuietGC:
+    """Python's cyclic garbage collector off for the block (restored after): a collection
+    inside a timed call of a short host path is an outlier of its own. (No collection first: a
+    full one costs ~0.1 s with torch loaded.)"""
+
+    def __enter__(self) -> None:
+        self._enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc) -> None:
+        if self._enabled:
+            gc.enable()
+
+
+def warm_up(fn: Callable[[], object], calls: int, sync: bool = False) -> None:
+    """Call ``fn`` ``calls`` times and on until :data:`WARMUP_S` seconds have passed (``sync``:
+    wait for the GPU after each call, so that no backlog of queued work builds up)."""
+    end, n = time.perf_counter() + WARMUP_S, 0
+    while n < calls or time.perf_counter() < end:
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        n += 1
+
+
 def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup: int = 5,
                 l2: str = "warm") -> Timing:
     """Per-call device time of eager launches, by CUDA events around each call.
 
     ``fns`` are equivalent calls over different inputs; they are used round-robin, so a
     list whose inputs together exceed the L2 keeps it cold. With ``l2="cold"`` the L2 is
-    also flushed before every timed call (the flush is outside the events).
+    also flushed before every timed call (the flush is outside the events). The warm-up is
+    :func:`warm_up`'s (each call synchronised); the timed loop runs with the garbage collector
+    off (:class:`QuietGC`).
     """
     flush = L2Flush() if l2 == "cold" else None
-    for i in range(warmup):
-        fns[i % len(fns)]()
+    rotation = itertools.cycle(fns)
+    warm_up(lambda: next(rotation)(), warmup, sync=True)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    with ClockSampler() as clocks:
+    with QuietGC(), ClockSampler() as clocks:
         clocks.sample()
         for i in range(reps):
             if flush is not None:

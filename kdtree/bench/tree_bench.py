@@ -56,7 +56,7 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     rows = []
     for path in ("paper", "serving"):
         t = time_host(lambda: build_tree_reference(lp, tok, budget, path=path), reps=cpu_reps,
-                      warmup=1, sync=gpu)
+                      warmup=1, sync=gpu, min_s=0.25)
         rows.append(_row("build", f"cpu_{path}", budget, batch, depth, k, t))
     if not gpu:
         return rows
@@ -69,8 +69,9 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
         raise AssertionError(f"GPU tree differs from the reference at budget={budget} batch={batch}")
     parallel = float((path == 0).float().mean())  # sequences on the parallel path
     reps = 30 if quick else 200
+    e_reps = 100 if quick else 200      # eager calls are host dispatch (~0.1 ms): a median of 100
     build = lambda: kdtree.build_tree(lp, tok, budget, validate=False)  # noqa: E731
-    rows.append(_row("build", "gpu", budget, batch, depth, k, time_events([build], reps=reps)) | {"parallel": parallel})
+    rows.append(_row("build", "gpu", budget, batch, depth, k, time_events([build], reps=e_reps)) | {"parallel": parallel})
     rows.append(_row("build", "gpu", budget, batch, depth, k, time_graph(build, reps=reps // 4)) | {"parallel": parallel})
     # The serial heap alone (v5, one warp per sequence): the baseline, timed in the same run.
     serial = lambda: _launch_build(lp, tok, budget, serial=True)  # noqa: E731
@@ -88,7 +89,7 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     both = lambda: kdtree.compact_kv(kv, prefix, kdtree.accept_tree(tree, target, validate=False), validate=False)  # noqa: E731
     shape = {"accepted": float(acc.length.float().mean()), "moved": moved_rows(acc)}
     for name, fn in (("accept", accept), ("compact", compact), ("accept+compact", both)):
-        rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=reps)) | shape)
+        rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=e_reps)) | shape)
         rows.append(_row(name, "gpu", budget, batch, depth, k, time_graph(fn, reps=reps // 4)) | shape)
     return rows
 

@@ -1,0 +1,63 @@
+"""The host timing primitives on CPU: warm-up by time, short host paths sampled for a minimum
+time (the repetitions a caller asks for as a floor), the garbage collector off while timing."""
+from __future__ import annotations
+
+import gc
+import time
+
+
+from kdtree.bench import timing
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_short_host_paths_are_sampled_for_the_minimum_time(monkeypatch):
+    monkeypatch.setattr(timing, "HOST_MIN_S", 0.05)
+    calls = []
+    t = timing.time_host(lambda: calls.append(1), reps=3, warmup=1)
+    assert t.mode == "host" and t.reps > 100 and len(calls) >= t.reps     # far more than the 3 asked for
+    assert t.p20_us <= t.median_us <= t.p80_us
+
+
+def test_slow_host_paths_keep_the_repetitions_asked_for(monkeypatch):
+    monkeypatch.setattr(timing, "HOST_MIN_S", 0.02)
+    monkeypatch.setattr(timing, "WARMUP_S", 0.0)
+    t = timing.time_host(lambda: _busy(0.015), reps=3, warmup=1)
+    assert t.reps == 3 and t.median_us > 0
+
+
+def test_repetitions_are_capped(monkeypatch):
+    monkeypatch.setattr(timing, "HOST_MIN_S", 30.0)
+    monkeypatch.setattr(timing, "HOST_MAX_REPS", 40)
+    assert timing.time_host(lambda: None, reps=3, warmup=0).reps == 40
+
+
+def test_warm_up_runs_the_calls_asked_for_and_the_minimum_time(monkeypatch):
+    monkeypatch.setattr(timing, "WARMUP_S", 0.03)
+    n = []
+    t0 = time.perf_counter()
+    timing.warm_up(lambda: n.append(1), 1)
+    assert time.perf_counter() - t0 >= 0.03 and len(n) > 1
+    monkeypatch.setattr(timing, "WARMUP_S", 0.0)
+    n.clear()
+    timing.warm_up(lambda: n.append(1), 5)
+    assert len(n) == 5
+
+
+def test_garbage_collector_is_off_while_timing_and_restored_after(monkeypatch):
+    monkeypatch.setattr(timing, "HOST_MIN_S", 0.0)
+    seen = []
+    assert gc.isenabled()
+    timing.time_host(lambda: seen.append(gc.isenabled()), reps=5, warmup=2)
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        with timing.QuietGC():
+            pass
+        assert not gc.isenabled()                  # a disabled collector stays disabled
+    finally:
+        gc.enable()
