@@ -289,7 +289,7 @@ def _measure_cpu(quick: bool) -> Ceilings:
     torch_threads = torch.get_num_threads()
     x = torch.zeros(1)
     return Ceilings(
-        device=f"CPU ({platform.processor() or platform.machine()}, {torch_threads} threads)",
+        device=f"CPU ({platform.processor() or platform.machine()}, timed on 1 of {torch_threads} threads)",  # host_clock
         kind="cpu",
         hbm_bw=_copy_bw(64 << 20, "cpu", reps=reps),
         l2_bw=_copy_bw(256 << 10, "cpu", reps=reps * 10),

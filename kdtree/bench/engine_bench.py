@@ -34,6 +34,7 @@ from functools import partial
 import numpy as np
 import torch
 
+from kdtree.bench.timing import host_clock
 from kdtree.engine.ddtree import (Generation, capture, chain_tree, generate, make_phases, needed_capacity,
                                   run_phases, start)
 from kdtree.engine.drafter import SyntheticDrafter
@@ -41,14 +42,15 @@ from kdtree.engine.model import attend
 
 
 class _Clock:
-    """CUDA events on a GPU, the host clock on CPU."""
+    """CUDA events on a GPU, the host clock on CPU (``host``: ``kdtree.bench.timing.host_clock``'s)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.host = time.perf_counter
 
     def mark(self):
         if not self.cuda:
-            return time.perf_counter()
+            return self.host()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
@@ -64,15 +66,17 @@ class _Clock:
 def _time(fns, clock: _Clock, reps: int) -> dict[str, list[float]]:
     """Seconds per named call over ``reps`` rounds of calling ``fns`` in order, plus the host time."""
     out = {name: [] for name, _ in fns} | {"host": []}
-    for _ in range(reps):
-        marks, t0 = [clock.mark()], time.perf_counter()
-        for _, fn in fns:
-            fn()
-            marks.append(clock.mark())
-        out["host"].append(time.perf_counter() - t0)
-        clock.sync()
-        for i, (name, _) in enumerate(fns):
-            out[name].append(clock.seconds(marks[i], marks[i + 1]))
+    with host_clock() as host:
+        clock.host = host
+        for _ in range(reps):
+            marks, t0 = [clock.mark()], host()
+            for _, fn in fns:
+                fn()
+                marks.append(clock.mark())
+            out["host"].append(host() - t0)
+            clock.sync()
+            for i, (name, _) in enumerate(fns):
+                out[name].append(clock.seconds(marks[i], marks[i + 1]))
     return out
 
 
