@@ -205,7 +205,9 @@ def _ci_run(tmp_path, run_id: str):
 def test_back_to_back_cpu_runs_flag_under_5_percent_and_a_2x_slowdown(tmp_path, capsys):
     # The host's load over each run (its 1-minute load average at the run's end; a run takes
     # about a minute): where other processes kept every CPU busy, CPU time itself moves by up to
-    # 2x in windows of seconds (measured on a shared 2-CPU VM), and the share is not asserted.
+    # 2x in windows of seconds (measured on a shared 2-CPU VM), and neither the share nor the 2x
+    # detection is asserted (the test skips, saying both); the simulated-run tests above hold the
+    # rule to known noise on any host.
     load = []
     a = _ci_run(tmp_path, "a")
     load.append(os.getloadavg()[0])
@@ -246,9 +248,11 @@ def test_back_to_back_cpu_runs_flag_under_5_percent_and_a_2x_slowdown(tmp_path, 
     tb.loc[slow, ["median_us", "p20_us", "p80_us"]] *= 2
     t2 = compare_table(ta, tb)
     hit = t2["component"].eq("norms") | t2["kernel"].eq("verify_attention")
+    seen = f"{int((t2.loc[hit, 'flag'] == 'slower').sum())} of {int(hit.sum())} slowed points flagged"
+    if max(load) > (os.cpu_count() or 1):      # the noise between the runs may exceed 2x: not asserted
+        pytest.skip(f"host overloaded by other processes (load {max(load):.1f} on {os.cpu_count()} CPUs); "
+                    f"{share}; {seen}")
     assert (t2.loc[hit, "flag"] == "slower").all(), t2.loc[hit & (t2["flag"] != "slower"), cols].to_string()
-    if max(load) > (os.cpu_count() or 1):
-        pytest.skip(f"host overloaded by other processes (load {max(load):.1f} on {os.cpu_count()} CPUs); {share}")
     assert flagged.sum() < 0.05 * verdict.sum(), f"{share}, load {load}:\n" + t.loc[flagged, cols].to_string()
     assert t2.loc[~hit, "flag"].isin(["faster", "slower"]).sum() < 0.05 * (t2.loc[~hit, "flag"] != "n/a").sum()
 
