@@ -204,7 +204,8 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
 
     ``publish``: list the run in ``reports/index.html`` (the committed list) and link its pages
     there (a run published once stays so); otherwise it is listed in ``reports/local.html``
-    only, and no tracked file changes.
+    only, and no tracked file changes. The executed summary notebook goes to
+    ``reports/<run-id>/summary.ipynb``: rendering never writes into the run folder.
     Returns the path of ``reports/<run-id>/index.html``.
     """
     import papermill as pm
@@ -217,7 +218,8 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
     out = reports_root / run_id
     write_assets(reports_root)
     summary_nb = Path(summary_notebook) if summary_notebook else _repo_notebook(manifest, SUMMARY_NOTEBOOK)
-    executed = run_dir / "summary.ipynb"
+    executed = out / "summary.ipynb"    # beside the pages: rendering never writes into the run folder
+    out.mkdir(parents=True, exist_ok=True)
     pm.execute_notebook(str(summary_nb), str(executed), parameters={"run_dir": "."}, cwd=str(run_dir),
                         kernel_name=kernel_name, progress_bar=False)
     pages = {pid for pid, e in manifest["points"].items()
