@@ -229,6 +229,10 @@ def block(run_dir: str | Path) -> str:
                     f"reads of co-resident blocks):", "",
                 _table(["kernel", "shape", "DRAM bytes", "tensor FLOPs", "L2 -> SM reads", "L2 slices' reads"], cr)]
     out += engine_lines(combined) + moe_lines(combined)
+    unfinished = sorted({f"`{Path(e['notebook']).stem}` ({e.get('status')})" for e in manifest["points"].values()
+                         if e.get("status") != "ok"})
+    if unfinished:
+        out += ["", f"Not finished in this run, so without figures here: {', '.join(unfinished)}."]
     return "\n".join(out)
 
 
