@@ -25,6 +25,7 @@ import torch
 
 from kdtree.attention import (D_QK, D_V, _num_sms, _run_cuda, errors, launch_plan, random_parents,
                               reference_attention, verify_attention)
+from kdtree.bench.attention_sweep import _slice_tree, make_sets
 from kdtree.bench.timing import time_graph
 from kdtree.tree import Tree
 
@@ -78,28 +79,18 @@ def configs(B, N, H, P, sms, sweep_splits):
 
 
 def input_sets(B, N, H, P, gen, l2_bytes, max_sets=24):
-    """(tree, prefix_lens, [(q, kv), ...]) on the GPU: a fresh random tree with all N nodes real,
-    every prefix P, and enough input sets to rotate over more than 2.5x the L2 (cold L2), at most
-    ``max_sets``."""
-    dev = torch.device("cuda")
+    """(tree, prefix_lens, [(q, kv), ...]) on the GPU: the sweep's ``make_sets`` (a fresh random
+    tree with all N nodes real, every prefix P) with enough input sets to rotate over more than
+    2.5x the L2 (cold L2), at most ``max_sets``."""
     set_bytes = B * N * H * D_QK * 2 + B * (P + N) * D_QK * 2
     n_sets = max(1, min(max_sets, math.ceil(2.5 * l2_bytes / set_bytes)))
-    tree = Tree.from_parents(random_parents(B, N, torch.full((B,), N), gen).to(dev))
-    pl = torch.full((B,), P, dtype=torch.int32, device=dev)
-    sets = [(torch.randn(B, N, H, D_QK, device=dev).to(torch.bfloat16),
-             torch.randn(B, P + N, D_QK, device=dev).to(torch.bfloat16)) for _ in range(n_sets)]
-    return tree, pl, sets
+    return make_sets(B, N, H, P, n_sets, torch.device("cuda"), gen)
 
 
 def references(tree, pl, q, kv):
     """float64 references of the first and the last sequence: {b: (out, lse)}."""
-    B = q.shape[0]
-    refs = {}
-    for b in sorted({0, B - 1}):
-        t1 = Tree(tree.tokens[b:b + 1], tree.parents[b:b + 1], tree.depth[b:b + 1], tree.num_nodes[b:b + 1],
-                  tree.visibility[b:b + 1], tree.draft_depth)
-        refs[b] = reference_attention(q[b:b + 1], kv[b:b + 1], pl[b:b + 1], t1, SCALE)
-    return refs
+    return {b: reference_attention(q[b:b + 1], kv[b:b + 1], pl[b:b + 1], _slice_tree(tree, b), SCALE)
+            for b in sorted({0, q.shape[0] - 1})}
 
 
 def run_config(variant, tree, pl, q, kv, out, splits=None, impl=None, layout=None):
