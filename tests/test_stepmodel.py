@@ -140,22 +140,46 @@ def test_validate_on_cpu():
     parts = v[[c for c in v.columns if c.startswith("c_")]].sum(axis=1)
     assert ((parts - v.predicted_us).abs() <= 1e-9 * v.predicted_us).all()   # the prediction is its sum
     assert ((v.distinct_engine >= 1) & (v.distinct_engine <= 4) & (v.distinct_random <= 4)).all()  # 4 local
+    assert {"c_draft", "c_compact", "c_moe", "c_attention"} <= set(v.columns) and (v.status == "ok").all()
 
 
-def test_validate_presets_share_decode_phases(monkeypatch):
-    """Two presets of one vocabulary: the decode phases measured once, both presets validated,
-    and ``within`` is the 15% rule on each row's ratio."""
-    calls = []
-    real = S.measure_decode_phases
-    monkeypatch.setattr(S, "measure_decode_phases", lambda *a, **k: calls.append(a) or real(*a, **k))
+def test_validate_presets_time_the_engines_own_phases(monkeypatch):
+    """Two presets: each validated with the decode phases of its own engine step (no probe
+    model), ``within`` the 15% rule on each row's ratio; a preset that does not fit the given
+    memory is listed, not run."""
+    monkeypatch.setattr(S, "measure_decode_phases", lambda *a, **k: pytest.fail("probe phases measured"))
     v = S.validate_presets(["tiny_ep", "tiny"], layers=2, budgets=(16,), prompt=12, new=8, steps=2, drafter="tiny")
-    assert len(calls) == 1 and list(v.preset) == ["tiny_ep", "tiny_ep", "tiny", "tiny"]
+    assert list(v.preset) == ["tiny_ep", "tiny_ep", "tiny", "tiny"] and (v.status == "ok").all()
     assert (v.within == ((v.ratio - 1).abs() <= 0.15)).all()
+    assert (v.c_draft[v.budget == 16] > 0).all() and v.c_draft[v.budget == 0].isna().all()
     assert set(S.fitting_presets()) == {"kimi_k2_attn", "kimi_k2_tp8", "kimi_k2_tp4", "kimi_k2_tp2", "kimi_k2_ep8",
                                         "kimi_k2_ep8_fp8"}
     assert S.fitting_presets(memory_bytes=8 * 2**30) == []                        # none fits 8 GiB
+    big = S.validate_presets(["kimi_k2_ep8"], layers=2, budgets=(16, 64), memory_bytes=4 * 2**30)
+    assert list(big.budget) == [0, 16, 64] and big.measured_us.isna().all() and not big.within.any()
+    assert big.status.str.startswith("does not fit one GPU").all()
     with pytest.raises(ValueError, match="presets"):
         S.validate_presets([], layers=2)
+
+
+def test_validate_keeps_the_second_steps_moe_inputs():
+    """The hooks keep forward 2 of each MoE layer (prefill, step 1, step 2) and nothing else."""
+    from kdtree.engine.model import build_model
+    from kdtree.engine.config import get_config
+
+    model = build_model(get_config("tiny_ep"), seed=0)
+    moes = [b.ffn for b in model.layers if isinstance(b.ffn, S.MoE)]
+    hooks = S._MoEInputs(moes)
+    xs = [torch.full((1, 3, 64), float(i)) for i in range(4)]
+    for x in xs:
+        moes[0](x)
+    assert torch.equal(hooks.remove()[0], xs[2])
+    moes[0](xs[0])                                                                 # removed: nothing kept
+    assert hooks.count == [4]
+    short = S._MoEInputs(moes)
+    moes[0](xs[0])
+    with pytest.raises(RuntimeError, match="forward 2"):
+        short.remove()
 
 
 def test_bad_input_names_the_argument(moe_components):

@@ -239,7 +239,8 @@ def _row(component, per, B, N, P, t, budget=""):
 
 
 def measure_components(model: str, batches, budgets, prefixes, *, drafter: str = "small", quick: bool = True,
-                       seed: int = 0, phases: list[dict] | None = None) -> pd.DataFrame:
+                       seed: int = 0, phases: list[dict] | None = None, target: nn.Module | None = None,
+                       core: bool = True) -> pd.DataFrame:
     """Measure every component of a step of ``model`` at each (batch, budget, prefix).
 
     Parameters
@@ -256,8 +257,14 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
         Fewer repetitions.
     phases : list of dict, optional
         Rows of ``measure_decode_phases`` at this model's vocabulary, batches and budgets,
-        measured once for several models that share them (they depend on nothing else);
-        measured here when not given.
+        measured once for several models that share them (they depend on nothing else),
+        or the engine's own phases (``validate``); measured here when not given.
+    target : Transformer, optional
+        A built engine model of preset ``model`` (with at least ``first_dense + 1`` layers)
+        whose layers are timed (its first dense FFN, its first MoE layer's attention and MoE,
+        its final norm, embedding and LM head) instead of a freshly built probe.
+    core : bool
+        Also time ``verify_attention`` alone (``attention_core``, info only) on a GPU.
 
     Returns
     -------
@@ -287,13 +294,19 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
         cfg = get_config(model)
         if cfg.n_layers <= cfg.first_dense:
             raise ValueError(f"model: preset {model!r} has no MoE layer")
-        probe = build_model(replace(cfg, n_layers=cfg.first_dense + 1, vocab_size=256), seed=seed, device=device,
-                            dtype=dtype)
-        attn, moe, ffn = probe.layers[-1].attn, probe.layers[-1].ffn, probe.layers[0].ffn
+        if target is not None and (len(target.layers) <= cfg.first_dense or target.cfg.dim != cfg.dim):
+            raise ValueError(f"target: expected a model of preset {model!r} with an MoE layer")
+        probe = target if target is not None else build_model(
+            replace(cfg, n_layers=cfg.first_dense + 1, vocab_size=256), seed=seed, device=device, dtype=dtype)
+        first = probe.layers[cfg.first_dense]
+        attn, moe, ffn = first.attn, first.ffn, probe.layers[0].ffn
         vocab = cfg.vocab_size
-    norm = _init(RMSNorm(cfg.dim, 1e-6), device, dtype, seed)
-    embed = _init(nn.Embedding(vocab, cfg.dim), device, dtype, seed + 2)
-    head = _init(nn.Linear(cfg.dim, vocab, bias=False), device, dtype, seed + 3)
+    if target is not None and not dense:
+        norm, embed, head = target.norm, target.embed, target.head
+    else:
+        norm = _init(RMSNorm(cfg.dim, 1e-6), device, dtype, seed)
+        embed = _init(nn.Embedding(vocab, cfg.dim), device, dtype, seed + 2)
+        head = _init(nn.Linear(cfg.dim, vocab, bias=False), device, dtype, seed + 3)
     for B in batches:
         for N in sorted({nodes_for(b) for b in budgets}):
             x = torch.randn(B, N, cfg.dim, device=device, generator=gen).to(dtype)
@@ -307,7 +320,7 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
                 rows.append(_row("moe", "layer", B, N, 0, timer(lambda: moe(x))))
                 rows.append(_row("dense_ffn", "layer", B, N, 0, timer(lambda: ffn(x))))
             for P in prefixes:
-                rows += _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen)
+                rows += _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen, core)
     rows += [dict(r) for r in phases] if phases is not None else measure_decode_phases(
         vocab, batches, budgets, drafter=drafter, quick=quick, seed=seed)
     df = pd.DataFrame(rows)
@@ -317,7 +330,7 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
     return df
 
 
-def _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen) -> list[dict]:
+def _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen, core=True) -> list[dict]:
     """Attention at (B, N, P): the whole attention block, and for MLA the verify kernel alone."""
     if dense:
         kc = torch.zeros(B, cfg.n_kv_heads, P + N, cfg.head_dim, device=device, dtype=dtype)
@@ -328,7 +341,7 @@ def _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen) -> 
     tree = chain_tree(torch.full((B,), N, device=device), N)
     pos = lens[:, None] + tree.depth.clamp_min(0)
     rows = [_row("attention", "layer", B, N, P, timer(lambda: attn(x, pos, kv, lens, tree)))]
-    if torch.cuda.is_available():
+    if core and torch.cuda.is_available():
         q = torch.randn(B, N, cfg.n_heads, cfg.latent_dim, device=device, generator=gen).to(dtype)
         rows.append(_row("attention_core", "info", B, N, P, timer(
             lambda: verify_attention(q, kv, lens, tree, cfg.softmax_scale, check_values=False))))
@@ -446,25 +459,35 @@ def speedup_table(components: pd.DataFrame, *, layers: int, first_dense: int, ba
     return pd.DataFrame(rows)
 
 
-def engine_moe_inputs(model, prompts, budget, drafter, new: int) -> list[torch.Tensor]:
-    """The inputs [B, N, dim] of each MoE layer in one verify forward of the engine's own step.
+class _MoEInputs:
+    """Forward pre-hooks that keep the input of each MoE layer's ``call``-th forward (0-based).
 
-    Starts a run (``kdtree.engine.ddtree.start``; ``budget`` 0 is greedy decoding), takes one
-    step, and records the next step's MoE inputs with forward pre-hooks: the activations the
-    engine's routers see, tree tokens included.
+    ``step_breakdown`` prefills (forward 0) and runs two warm-up steps (forwards 1 and 2)
+    before it times anything: with ``call=2`` the hooks keep the activations each router sees
+    in the verify forward of the second step, tree tokens included, without running the
+    engine again. Later forwards (the captures and their replays) are ignored.
     """
-    mode = "ar" if budget == 0 else "ddtree"
-    _, phases = start(model, prompts, new, mode, drafter if budget else None, max(budget, 1))
-    run_phases(phases)
-    seen = []
-    moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
-    hooks = [m.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone())) for m in moes]
-    try:
-        run_phases(phases)
-    finally:
-        for h in hooks:
+
+    def __init__(self, moes: list[MoE], call: int = 2):
+        self.seen: list[torch.Tensor | None] = [None] * len(moes)
+        self.count = [0] * len(moes)
+        self.call = call
+        self.hooks = [m.register_forward_pre_hook(self._hook(i)) for i, m in enumerate(moes)]
+
+    def _hook(self, i: int):
+        def hook(module, args):
+            if self.count[i] == self.call:
+                self.seen[i] = args[0].detach().clone()
+            self.count[i] += 1
+        return hook
+
+    def remove(self) -> list[torch.Tensor]:
+        """Remove the hooks; the kept inputs, one per MoE layer."""
+        for h in self.hooks:
             h.remove()
-    return seen
+        if any(x is None for x in self.seen):
+            raise RuntimeError(f"MoE inputs: forward {self.call} not seen ({self.count} forwards per layer)")
+        return list(self.seen)
 
 
 def _distinct(moe: MoE, x: torch.Tensor) -> int:
@@ -473,30 +496,56 @@ def _distinct(moe: MoE, x: torch.Tensor) -> int:
     return int(expert[expert < moe.w1.shape[0]].unique().numel())
 
 
+_PHASES = ("draft", "topk", "build", "accept", "compact", "commit")
+
+
+def _phase_rows(rows: list[dict], batch: int, budget, layers: int) -> list[dict]:
+    """``step_breakdown``'s decode phases (each timed alone) as component rows of ``measure_components``
+    (compaction per layer, as ``measure_decode_phases`` gives it)."""
+    out = []
+    for r in rows:
+        if r["phase"] not in _PHASES:
+            continue
+        per = "layer" if r["phase"] == "compact" else "step"
+        div = layers if per == "layer" else 1
+        out.append(dict(component=r["phase"], per=per, batch=batch, nodes=nodes_for(budget), prefix=0,
+                        tokens=batch * nodes_for(budget), budget_label=str(budget),
+                        median_us=r["median_us"] / div, p20_us=r["p20_us"] / div, p80_us=r["p80_us"] / div,
+                        reps=r["steps"], mode=r["timing"] if r["timing"] == "graph" else "host",
+                        l2="warm"))
+    return out
+
+
 def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prompt: int = 512, new: int = 64,
-             steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0,
-             phases: list[dict] | None = None) -> pd.DataFrame:
+             steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0) -> pd.DataFrame:
     """The step model against the engine's measured step at ``preset`` with ``layers`` layers.
 
-    The engine: ``step_breakdown`` (whole step in one graph on a GPU, eager on CPU) of the
-    preset's model (random weights, the synthetic drafter; acceptance does not change a
-    step's time, the shapes being static) at each budget and for greedy decoding. The model:
-    ``measure_components`` at the same batch and budgets with the prefix at mid-run
-    (``prompt + new / 2``), summed by ``predict`` for ``layers`` layers on one GPU.
+    One model per preset (random weights, the synthetic drafter; acceptance does not change a
+    step's time, the shapes being static), reused for every budget. Per budget (0: greedy
+    decoding) ``step_breakdown`` runs the engine: the MEASURED step is the whole step in one
+    graph (eager on CPU), and the decode phases (draft, top-K, build, accept, compact,
+    commit), each timed alone in its own graph, are components of the prediction. The other
+    components come from ``measure_components`` at the same batch and budgets with the prefix
+    at mid-run (``prompt + new / 2``), timed alone on this model's own layers (its first
+    dense FFN, its first MoE layer's attention and MoE, its norm, embedding and LM head); the
+    prediction is their sum by ``predict`` for ``layers`` layers on one GPU.
 
     The MoE's time depends on how many experts its tokens touch, which depends on the data:
     ``measure_components`` routes random activations, while the engine routes its own hidden
     states, whose tree tokens (random weights, a synthetic drafter that reuses candidates
     across depths) can share experts far more. So the MoE term is given both ways: measured
-    on each MoE layer's own inputs in one of the engine's verify forwards
-    (``engine_moe_inputs``; ``predicted_us``, ``ratio``) and as the components' random
-    routing (``predicted_random_us``, ``ratio_random``), with the mean distinct local experts
-    per layer of each (``distinct_engine``, ``distinct_random``). One row per budget (0:
-    greedy decoding), with the prediction's components (``c_*``, engine routing).
+    on each MoE layer's own inputs in one of the engine's verify forwards (``_MoEInputs``;
+    ``predicted_us``, ``ratio``) and as the components' random routing
+    (``predicted_random_us``, ``ratio_random``), with the mean distinct local experts per
+    layer of each (``distinct_engine``, ``distinct_random``). One row per budget, with the
+    prediction's components (``c_*``, engine routing) and ``status`` ("ok").
     """
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     cfg = replace(get_config(preset), n_layers=layers)
+    if cfg.n_layers <= cfg.first_dense:
+        raise ValueError(f"layers: {layers} leaves preset {preset!r} without an MoE layer "
+                         f"(first_dense={cfg.first_dense})")
     model = build_model(cfg, seed=seed, device=device, dtype=dtype)
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, cfg.vocab_size, (prompt,), generator=gen).to(device) for _ in range(batch)]
@@ -505,23 +554,24 @@ def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prom
     d.set_reference(torch.randint(0, cfg.vocab_size, (batch, new + dcfg.draft_len + 2), generator=gen).to(device))
     timing, timer = ("graph" if cuda else "eager"), _timer(quick)
     moes = [b.ffn for b in model.layers if isinstance(b.ffn, MoE)]
-    measured, engine_moe = {}, {}
+    measured, engine_moe, phases = {}, {}, []
     for budget in [0, *budgets]:
         mode = "ar" if budget == 0 else "ddtree"
-        rows = step_breakdown(model, prompts, mode=mode, drafter=d if budget else None, budget=max(budget, 1),
-                              steps=steps, warmup=2, timing=timing, max_new_tokens=new)
+        hooks = _MoEInputs(moes)
+        try:
+            rows = step_breakdown(model, prompts, mode=mode, drafter=d if budget else None, budget=max(budget, 1),
+                                  steps=steps, warmup=2, timing=timing, max_new_tokens=new)
+        finally:
+            xs = hooks.remove()
         measured[budget] = next(r["median_us"] for r in rows if r["phase"] == "step")
-        xs = engine_moe_inputs(model, prompts, budget, d, new)
+        phases += _phase_rows(rows, batch, budget, layers)
         rand = torch.randn(xs[0].shape, generator=gen).to(device, dtype)
         engine_moe[budget] = (sum(timer(lambda m=m, x=x: m(x)).median_us for m, x in zip(moes, xs)),
                               sum(_distinct(m, x) for m, x in zip(moes, xs)) / len(moes),
                               sum(_distinct(m, rand) for m in moes) / len(moes))
-    model = moes = None  # free the weights before the components are measured
-    if cuda:
-        torch.cuda.empty_cache()
     P = prompt + new // 2
     comps = measure_components(preset, [batch], list(budgets), [P], drafter=drafter, quick=quick, seed=seed,
-                               phases=phases)
+                               phases=phases, target=model, core=False)
     out = []
     for budget, meas in measured.items():
         p = predict(comps, layers=layers, first_dense=cfg.first_dense, batch=batch, budget=budget, prefix=P)
@@ -531,8 +581,11 @@ def validate(preset: str, *, layers: int, batch: int = 1, budgets=(16, 64), prom
         out.append(dict(preset=preset, layers=layers, batch=batch, budget=budget, prefix=P, measured_us=meas,
                         predicted_us=p["step"], ratio=p["step"] / meas, predicted_random_us=random_step,
                         ratio_random=random_step / meas, distinct_engine=distinct_engine,
-                        distinct_random=distinct_random, timing=timing,
+                        distinct_random=distinct_random, timing=timing, status="ok",
                         **{f"c_{n}": v for n, v in p.items() if n != "step"}))
+    model = moes = None
+    if cuda:
+        torch.cuda.empty_cache()
     return pd.DataFrame(out)
 
 
@@ -544,21 +597,37 @@ def fitting_presets(memory_bytes: float = 139 * 2**30) -> list[str]:
 
 
 def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, prompt: int = 512, new: int = 64,
-                     steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0) -> pd.DataFrame:
+                     steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0,
+                     memory_bytes: float | None = None) -> pd.DataFrame:
     """``validate`` at each preset of ``presets`` with ``layers`` layers (the preset's first dense
     layers included), one table; ``within`` flags a prediction within 15% of the measured step.
-    The decode phases (drafter, top-K, build, accept, compact, commit) are measured once per
-    vocabulary and shared by the presets that have it."""
+
+    A preset whose ``layers`` layers do not fit one GPU of ``memory_bytes`` (default: this
+    GPU's memory on CUDA; no limit on CPU; ``fitting_layers``), or that runs out of memory, is
+    not validated: its rows (one per budget) say so in ``status`` with NaN times, and
+    ``within`` is False there.
+    """
     if not presets:
         raise ValueError("presets: expected at least one preset")
-    phases, parts = {}, []
+    if memory_bytes is None and torch.cuda.is_available():
+        memory_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    parts = []
     for p in presets:
-        vocab = get_config(p).vocab_size
-        if vocab not in phases:
-            phases[vocab] = measure_decode_phases(vocab, [batch], [0, "chain", *budgets], drafter=drafter,
-                                                  quick=quick, seed=seed)
-        parts.append(validate(p, layers=layers, batch=batch, budgets=budgets, prompt=prompt, new=new, steps=steps,
-                              drafter=drafter, quick=quick, seed=seed, phases=phases[vocab]))
+        cfg = replace(get_config(p), n_layers=layers)
+        why = ""
+        if memory_bytes is not None and fitting_layers(cfg, memory_bytes) < layers:
+            why = f"does not fit one GPU: {layers} layers over {memory_bytes / 2**30:.0f} GiB"
+        else:
+            try:
+                parts.append(validate(p, layers=layers, batch=batch, budgets=budgets, prompt=prompt, new=new,
+                                      steps=steps, drafter=drafter, quick=quick, seed=seed))
+            except torch.cuda.OutOfMemoryError as exc:
+                why = f"out of memory: {str(exc).splitlines()[0][:200]}"
+                torch.cuda.empty_cache()
+        if why:
+            parts.append(pd.DataFrame([dict(preset=p, layers=layers, batch=batch, budget=b, measured_us=float("nan"),
+                                            predicted_us=float("nan"), ratio=float("nan"), status=why)
+                                       for b in [0, *budgets]]))
     out = pd.concat(parts, ignore_index=True)
     out["within"] = (out.ratio - 1).abs() <= 0.15
     return out
