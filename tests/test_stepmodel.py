@@ -164,8 +164,8 @@ def test_validate_presets_time_the_engines_own_phases(monkeypatch):
 
 def test_validate_keeps_the_second_steps_moe_inputs():
     """The hooks keep forward 2 of each MoE layer (prefill, step 1, step 2) and nothing else."""
-    from kdtree.engine.model import build_model
     from kdtree.engine.config import get_config
+    from kdtree.engine.model import build_model
 
     model = build_model(get_config("tiny_ep"), seed=0)
     moes = [b.ffn for b in model.layers if isinstance(b.ffn, S.MoE)]
