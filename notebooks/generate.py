@@ -271,18 +271,18 @@ NOTEBOOKS = {
                  "                  'median_us', 'p20_us', 'p80_us', 'bytes_min', 'hbm_fraction', 'achieved_tflops', 'bound',\n"
                  "                  'fraction', 'diagnosis'])"),
         ("md", "## Where one MoE call's time goes\n\nEach stage of the layer's code path timed alone under "
-               "the model's router (graph replay on a GPU): the `kernels` path (`kdtree.experts`: one "
+               "the model's router (graph replay on a GPU): on a GPU the `kernels` path (`kdtree.experts`: one "
                "permutation kernel, gate and up in one grouped weight-streaming GEMM with the SiLU product, "
-               "the down GEMM, a combine that adds the shared expert) beside the `torch` path it replaces "
-               "(the reference and the CPU path). `hbm_fraction`: the distinct experts' weight bytes a stage "
-               "streams over its time, against the measured HBM bandwidth."),
+               "the down GEMM, a combine that adds the shared expert; the `torch` path it replaces is timed "
+               "whole above as `bf16-torch`), on CPU the `torch` path (the reference). `hbm_fraction`: the "
+               "distinct experts' weight bytes a stage streams over its time, against the measured HBM bandwidth."),
         ("code", "import torch\n\n"
                  "layer = moe_layer(stepmodel.step_config(preset), 'cuda' if torch.cuda.is_available() else 'cpu',\n"
                  "                  torch.bfloat16 if torch.cuda.is_available() else torch.float32)\n"
                  "parts, gen = [], torch.Generator().manual_seed(0)\n"
                  "for T in tokens:\n"
                  "    x = torch.randn(T, layer.w1.shape[2], generator=gen).to(layer.w1.device, layer.w1.dtype)\n"
-                 "    for backend in ('auto', 'torch') if torch.cuda.is_available() else ('torch',):\n"
+                 "    for backend in ('auto',) if torch.cuda.is_available() else ('torch',):\n"
                  "        layer.backend = backend\n"
                  "        parts.append(stage_breakdown(layer, x, layer.route(x)[1], quick=quick))\n"
                  "layer = None\n"
@@ -297,7 +297,8 @@ NOTEBOOKS = {
                "this run; communication modelled from the link parameters (labelled `comm`)."),
         ("code", "components, speed = [], []\n"
                  "for name, layers, gpus in zip(step_models, step_layers, step_gpus):\n"
-                 "    comp = stepmodel.measure_components(name, batches, list(tau), prefixes, drafter=drafter, quick=quick)\n"
+                 "    comp = stepmodel.measure_components(name, batches, list(tau), prefixes, drafter=drafter, quick=quick,\n"
+                 "                                        core=False)\n"
                  "    cfg = stepmodel.step_config(name)\n"
                  "    components.append(comp)\n"
                  "    speed.append(stepmodel.speedup_table(comp, layers=layers, first_dense=getattr(cfg, 'first_dense', 0),\n"
@@ -319,7 +320,10 @@ NOTEBOOKS = {
         ("code", "cols = [c for c in speed.columns if c.startswith('c_')]\n"
                  "plots.table(speed, ['model', 'batch', 'prefix', 'decode', 'budget', 'tau', 'step_us', 'speedup', *cols])"),
         ("md", "## Validation: the step model against the engine's measured step\n\nEvery preset of "
-               "`validate_presets` at `validate_layers` layers, greedy decoding (budget 0) and each budget; "
+               "`validate_presets` at `validate_layers` layers, greedy decoding (budget 0) and each budget, "
+               "each preset's engine built once and reused across its budgets (a preset that does not fit one "
+               "GPU is listed with its `status`, not run; `seconds`: what each preset's validation cost this "
+               "notebook); "
                "`within`: the prediction within 15% of the measured step. `predicted_us` takes the MoE "
                "measured on each layer's own inputs in one of the engine's verify forwards; `predicted_random_us` "
                "the components' MoE on random activations. The engine's random-weight model and synthetic drafter "
@@ -332,9 +336,9 @@ NOTEBOOKS = {
                  "                      components.assign(table='components'), speed.assign(table='speedup'),\n"
                  "                      check.assign(table='validation')], ignore_index=True), results_path)\n"
                  "print(f\"{int(check.within.sum())} of {len(check)} predictions within 15% of the measured step\")\n"
-                 "plots.table(check, ['preset', 'layers', 'batch', 'budget', 'prefix', 'timing', 'measured_us',\n"
+                 "plots.table(check, ['preset', 'layers', 'batch', 'budget', 'prefix', 'timing', 'status', 'measured_us',\n"
                  "                    'predicted_us', 'ratio', 'within', 'distinct_engine', 'predicted_random_us',\n"
-                 "                    'ratio_random', 'distinct_random'])"),
+                 "                    'ratio_random', 'distinct_random', 'seconds'])"),
     ],
     "99_summary": [
         ("md", "# Run summary\n\nEvery point of the run, the device ceilings, the roofline of all "

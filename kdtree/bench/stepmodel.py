@@ -27,6 +27,7 @@ plus tree, the tree mask left out; one GPU).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -605,7 +606,8 @@ def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, p
     A preset whose ``layers`` layers do not fit one GPU of ``memory_bytes`` (default: this
     GPU's memory on CUDA; no limit on CPU; ``fitting_layers``), or that runs out of memory, is
     not validated: its rows (one per budget) say so in ``status`` with NaN times, and
-    ``within`` is False there.
+    ``within`` is False there. ``seconds``: the wall time of the preset's validation (what it
+    costs the notebook, not a measurement of the model).
     """
     if not presets:
         raise ValueError("presets: expected at least one preset")
@@ -614,7 +616,7 @@ def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, p
     parts = []
     for p in presets:
         cfg = replace(get_config(p), n_layers=layers)
-        why = ""
+        why, t0 = "", time.perf_counter()
         if memory_bytes is not None and fitting_layers(cfg, memory_bytes) < layers:
             why = f"does not fit one GPU: {layers} layers over {memory_bytes / 2**30:.0f} GiB"
         else:
@@ -628,6 +630,7 @@ def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, p
             parts.append(pd.DataFrame([dict(preset=p, layers=layers, batch=batch, budget=b, measured_us=float("nan"),
                                             predicted_us=float("nan"), ratio=float("nan"), status=why)
                                        for b in [0, *budgets]]))
+        parts[-1]["seconds"] = time.perf_counter() - t0
     out = pd.concat(parts, ignore_index=True)
     out["within"] = (out.ratio - 1).abs() <= 0.15
     return out
