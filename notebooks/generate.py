@@ -331,7 +331,7 @@ NOTEBOOKS = {
                "(`distinct_random`, near the uniform closed form): the MoE's cost follows the routing."),
         ("code", "check = stepmodel.validate_presets(validate_presets, layers=validate_layers, batch=validate_batch,\n"
                  "                                    budgets=validate_budgets, prompt=validate_prompt, new=validate_new,\n"
-                 "                                    steps=validate_steps, drafter=drafter, quick=quick)\n"
+                 "                                    steps=validate_steps, drafter=drafter, quick=quick, log=print)\n"
                  "save_table(pd.concat([moe.assign(table='moe'), breakdown.assign(table='breakdown'),\n"
                  "                      components.assign(table='components'), speed.assign(table='speedup'),\n"
                  "                      check.assign(table='validation')], ignore_index=True), results_path)\n"

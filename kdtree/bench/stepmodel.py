@@ -599,7 +599,7 @@ def fitting_presets(memory_bytes: float = 139 * 2**30) -> list[str]:
 
 def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, prompt: int = 512, new: int = 64,
                      steps: int = 10, drafter: str = "small", quick: bool = True, seed: int = 0,
-                     memory_bytes: float | None = None) -> pd.DataFrame:
+                     memory_bytes: float | None = None, log=None) -> pd.DataFrame:
     """``validate`` at each preset of ``presets`` with ``layers`` layers (the preset's first dense
     layers included), one table; ``within`` flags a prediction within 15% of the measured step.
 
@@ -607,7 +607,8 @@ def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, p
     GPU's memory on CUDA; no limit on CPU; ``fitting_layers``), or that runs out of memory, is
     not validated: its rows (one per budget) say so in ``status`` with NaN times, and
     ``within`` is False there. ``seconds``: the wall time of the preset's validation (what it
-    costs the notebook, not a measurement of the model).
+    costs the notebook, not a measurement of the model). ``log``: called with a line per
+    preset (e.g. ``print``), if given.
     """
     if not presets:
         raise ValueError("presets: expected at least one preset")
@@ -631,6 +632,8 @@ def validate_presets(presets, *, layers: int, batch: int = 1, budgets=BUDGETS, p
                                             predicted_us=float("nan"), ratio=float("nan"), status=why)
                                        for b in [0, *budgets]]))
         parts[-1]["seconds"] = time.perf_counter() - t0
+        if log is not None:
+            log(f"{p}: {why or 'validated'} in {parts[-1]['seconds'].iloc[0]:.1f} s")
     out = pd.concat(parts, ignore_index=True)
     out["within"] = (out.ratio - 1).abs() <= 0.15
     return out
