@@ -5,7 +5,7 @@ Usage (from the repository root, after ``source scripts/device_env.sh``; ``.whl`
 
 Every file lands directly in DIR (a device call returns what is there even when it is cut off):
 gpu_tests.log, ceilings.json, 05.ipynb with its table (05.csv, .parquet, .meta.json), dev.log.
-Each step runs in a subprocess under its share of ``DEADLINE`` seconds (env, default 185) from
+Each step runs in a subprocess under its share of ``DEADLINE`` seconds (env, default 170) from
 the start, so a slow step cannot take the call's limit with it.
 
 Steps (comma-separated, default all, in this order):
@@ -24,8 +24,8 @@ import yaml
 
 OUT = os.environ["OUT"]
 STEPS = (sys.argv[1] if len(sys.argv) > 1 else "check,notebook,dev").split(",")
-DEADLINE = float(os.environ.get("DEADLINE", 185))
-SHARE = {"check": 45, "notebook": 110, "dev": 60}
+DEADLINE = float(os.environ.get("DEADLINE", 170))
+SHARE = {"check": 45, "notebook": 115, "dev": 60}
 T0 = time.time()
 
 
