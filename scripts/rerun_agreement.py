@@ -1,7 +1,9 @@
 """Rerun agreement of two runs of one sweep: every point present in both, and the share of the
-timed points over 50 us whose times agree within 5%, by kernel and timing mode, with the median
-ratio of each group (a whole group off by the same factor is the machine, not the points' noise)
-and the points that disagree most.
+timed points over 50 us whose times agree within 5%, by timing class (device-timed: graph
+replay; host-dispatched: eager launches and host paths, whose times follow the host CPU's
+speed), by kernel and timing mode, with the median ratio of each group (a whole group off by
+the same factor is the machine, not the points' noise), the points that disagree most, and each
+run's rows faster than their roof (fraction above 1.05).
 
 Usage: python scripts/rerun_agreement.py parameterized_runs/<run-a> parameterized_runs/<run-b>
 """
@@ -14,7 +16,7 @@ import pandas as pd
 from kdtree.bench.compare import compare_table
 from kdtree.bench.sweep import combine_results
 
-FLOOR_US, WITHIN, WORST = 50.0, 0.05, 15
+FLOOR_US, WITHIN, WORST, ROOF_TOL = 50.0, 0.05, 15, 1.05
 
 
 def agreement(run_a: str, run_b: str) -> str:
@@ -29,9 +31,18 @@ def agreement(run_a: str, run_b: str) -> str:
     lines = [f"{run_b} against {run_a}: {len(t)} timed points in both; only in {run_a}: "
              f"{only.get('a', 0)}, only in {run_b}: {only.get('b', 0)}.",
              f"Points over {FLOOR_US:g} us within {WITHIN:.0%}: {int(big['agree'].sum())} of {len(big)} "
-             f"({big['agree'].mean():.1%}).", "",
-             "| kernel | mode | points over 50 us | within 5% | share | median ratio | p10-p90 ratio |",
-             "|---|---|---|---|---|---|---|"]
+             f"({big['agree'].mean():.1%}).", ""]
+    host = big["mode"].isin(["eager", "host"])
+    for name, g in (("device-timed (graph replay)", big[~host]), ("host-dispatched (eager, host)", big[host])):
+        if len(g):
+            lines.append(f"- {name}: {int(g['agree'].sum())} of {len(g)} within {WITHIN:.0%} ({g['agree'].mean():.1%})")
+    for run, df in ((run_a, a), (run_b, b)):
+        fast = df[pd.to_numeric(df.get("fraction"), errors="coerce") > ROOF_TOL] if "fraction" in df else df.iloc[:0]
+        lines.append(f"- {run}: {len(fast)} rows faster than their roof (fraction above {ROOF_TOL})"
+                     + ("" if fast.empty else ": " + ", ".join(f"{k} {m} x{n}" for (k, m), n in
+                                                               fast.groupby(["kernel", "mode"]).size().items())))
+    lines += ["", "| kernel | mode | points over 50 us | within 5% | share | median ratio | p10-p90 ratio |",
+              "|---|---|---|---|---|---|---|"]
     big["kernel"] = big["kernel"].fillna("-")
     for (kernel, mode), g in big.groupby(["kernel", "mode"]):
         lines.append(f"| {kernel} | {mode} | {len(g)} | {int(g['agree'].sum())} | {g['agree'].mean():.1%} | "

@@ -234,6 +234,27 @@ def test_eager_points_get_the_host_floor_not_a_device_roof():
     assert g["bound"] == "launch" and "launch-bound" in g["diagnosis"]
 
 
+def test_eager_points_use_the_floor_timed_beside_them_plus_their_extra_launches():
+    # the interleaved floor of the trivial call (1 launch) replaces the run's per-op floor (190 us);
+    # a split call (2 launches: partials and combine) adds one eager launch to it
+    split = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
+    assert split.launches == 2
+    r = roofline.classify_point(split, H200, 160.0, "eager", "cold", "fused", "verify_attention",
+                                floor_us=106.0, floor_launches=1)
+    assert r["attainable_us"] == pytest.approx(106.0 + 14.0) and r["fraction"] == pytest.approx(120.0 / 160.0)
+    same = roofline.classify_point(split, H200, 160.0, "eager", "cold", "fused", "verify_attention",
+                                   floor_us=106.0, floor_launches=3)            # never below the floor itself
+    assert same["attainable_us"] == pytest.approx(106.0)
+    df = pd.DataFrame([{"kernel": "verify_attention", "variant": "fused", "q_len": 33, "prefix": 4096, "batch": 1,
+                        "heads": 64, "mode": "eager", "l2": "cold", "median_us": 160.0, "floor_us": 106.0,
+                        "floor_launches": 1.0},
+                       {"kernel": "verify_attention", "variant": "fused", "q_len": 33, "prefix": 4096, "batch": 1,
+                        "heads": 64, "mode": "eager", "l2": "cold", "median_us": 160.0, "floor_us": float("nan"),
+                        "floor_launches": float("nan")}])
+    out = roofline.classify(df, H200)
+    assert list(out["attainable_us"]) == pytest.approx([120.0, H200.eager_floor("verify_attention", 2)])
+
+
 def test_warm_l2_removes_the_hbm_roof_only_when_the_data_fits():
     fits = models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=1024)
     assert roofline.roof_times(fits, H200, "graph", "warm")["hbm"] == 0

@@ -91,3 +91,28 @@ def test_time_off_the_cpu_does_not_count_and_torch_threads_are_restored():
 def test_a_host_timing_leaves_a_sleep_out():
     t = time_host(lambda: time.sleep(0.002), reps=5, warmup=1, min_s=0.0)
     assert t.mode == "host" and t.median_us < 500                # 2 ms asleep per call, not counted
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_the_l2_flush_writes_a_gpu_buffer_larger_than_the_l2():
+    flush = timing.L2Flush()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    assert flush.buf.is_cuda and flush.buf.numel() * 4 >= 2 * props.L2_cache_size
+    flush()
+    torch.cuda.synchronize()
+    assert int(flush.buf[-1]) == 1
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_eager_timing_times_its_floor_interleaved_and_the_floor_is_cheaper():
+    big = torch.zeros(64 << 20, device="cuda")
+    small = torch.zeros(1, device="cuda")
+    t = timing.time_events([lambda: big.add_(1)], reps=20, warmup=2, floor=lambda: small.add_(1))
+    assert t.mode == "eager" and t.floor_us > 0 and t.floor_us < t.median_us
+    plain = timing.time_events([lambda: big.add_(1)], reps=5, warmup=1)
+    assert plain.floor_us != plain.floor_us     # NaN: no floor asked for

@@ -122,8 +122,21 @@ def predicted_seconds(floor_us: float, n_sets: int, quick: bool) -> float:
     return calls * floor_us * 1e-6
 
 
-def _timings(fns, device: torch.device, quick: bool) -> list[Timing]:
-    """Warm and cold, eager and graph on a GPU; host time on a CPU."""
+def trivial_call(variant: str, device: torch.device, gen: torch.Generator):
+    """``(call, launches)``: a call of ``variant`` at a trivial size (B=1, N=2, H=8, P=1) and the
+    launches it makes (NaN for ``torch``: its launches grow with the batch, the floor is its B=1
+    call); its eager time is the variant's host floor (``time_events(floor=...)``)."""
+    tree, pl, sets = make_sets(1, 2, 8, 1, 1, device, gen)
+    launches = math.nan
+    if variant != "torch":
+        launches = attention.launch_plan("fused" if variant.startswith("fused") else variant, batch=1, nodes=2,
+                                         heads=8, kv_rows=3, num_sms=1, impl=impl_of(variant, device) or "mma").launches
+    return (lambda: call(variant, *sets[0], pl, tree)), launches
+
+
+def _timings(fns, device: torch.device, quick: bool, floor=None) -> list[Timing]:
+    """Warm and cold, eager and graph on a GPU (``floor``: the variant's trivial call, timed
+    interleaved with the eager calls); host time on a CPU."""
     if device.type != "cuda":
         return [time_host(fns[0], reps=3 if quick else 10, warmup=1)]
     p = _plan(quick, time_events(fns[:1], reps=3, warmup=1).median_us)
@@ -133,9 +146,9 @@ def _timings(fns, device: torch.device, quick: bool) -> list[Timing]:
         return fns[next(it) % len(fns)]()
 
     cold_graph = time_graph(rotating, reps=p["g_reps"], calls_per_graph=len(fns) * p["per_graph"], warmup=1)
-    return [time_events(fns[:1], reps=p["reps"], warmup=2, l2="warm"),
+    return [time_events(fns[:1], reps=p["reps"], warmup=2, l2="warm", floor=floor),
             time_graph(fns[0], reps=p["g_reps"], calls_per_graph=p["per_graph"], warmup=1, l2="warm"),
-            time_events(fns, reps=p["reps"], warmup=2, l2="cold"),
+            time_events(fns, reps=p["reps"], warmup=2, l2="cold", floor=floor),
             dataclasses.replace(cold_graph, l2="cold")]   # rotating inputs larger than the L2
 
 
@@ -203,9 +216,11 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
                 notes.append(f"{v} N={N} P={P} B={B} H={H}: FAILED the check, not timed: {exc}")
                 continue
             fns = [lambda s=s, v=v: call(v, s[0], s[1], pl, tree) for s in sets]
-            for t in _timings(fns, device, quick):
+            floor, floor_launches = trivial_call(v, device, gen) if device.type == "cuda" else (None, math.nan)
+            for t in _timings(fns, device, quick, floor):
                 rows.append({"kernel": "verify_attention", "variant": v, "q_len": N, "prefix": P, "batch": B,
                              "heads": H, "tree_visible": tree_visible, "sets": n_sets, **plan, **t.as_dict(),
+                             "floor_launches": floor_launches if t.mode == "eager" else math.nan,
                              "check_rel": rel, "check_lse": lse_err})
         del sets
         if device.type == "cuda":

@@ -211,10 +211,10 @@ def _write_bw(buf: torch.Tensor, *, reps: int) -> float:
     return n * 16 / (t.median_us * 1e-6)
 
 
-def eager_floors(reps: int = 200) -> dict[str, float]:
-    """Host floor per op: median eager time (CUDA events around each call, the GPU otherwise
-    idle) of one call at a trivial size through kdtree's own Python path, as the benchmarks
-    call it (values unchecked, the default variant)."""
+def trivial_ops() -> dict:
+    """kdtree's ops at a trivial size on the current GPU, as the benchmarks call them (values
+    unchecked, the default variant): ``verify_attention``, ``build_tree``, ``accept_tree``,
+    ``compact_kv`` and ``accept+compact``, name -> call. Their eager time is each op's host floor."""
     import kdtree
 
     dev = torch.device("cuda")
@@ -226,13 +226,18 @@ def eager_floors(reps: int = 200) -> dict[str, float]:
     q = torch.randn(1, 2, 8, 576, device=dev).to(torch.bfloat16)
     kv = torch.randn(1, 3, 576, device=dev).to(torch.bfloat16)
     pl = torch.ones(1, dtype=torch.int64, device=dev)
-    ops = {"verify_attention": lambda: kdtree.verify_attention(q, kv, pl, tree, 0.1, check_values=False),
-           "build_tree": lambda: kdtree.build_tree(lp, tok, 1, validate=False),
-           "accept_tree": lambda: kdtree.accept_tree(tree, target),
-           "compact_kv": lambda: kdtree.compact_kv(kv, pl, acc, validate=False)}
-    floors = {k: time_events([fn], reps=reps, warmup=20).median_us for k, fn in ops.items()}
-    floors["accept+compact"] = floors["accept_tree"] + floors["compact_kv"]
-    return floors
+    return {"verify_attention": lambda: kdtree.verify_attention(q, kv, pl, tree, 0.1, check_values=False),
+            "build_tree": lambda: kdtree.build_tree(lp, tok, 1, validate=False),
+            "accept_tree": lambda: kdtree.accept_tree(tree, target, validate=False),
+            "compact_kv": lambda: kdtree.compact_kv(kv, pl, acc, validate=False),
+            "accept+compact": lambda: kdtree.compact_kv(kv, pl, kdtree.accept_tree(tree, target, validate=False),
+                                                        validate=False)}
+
+
+def eager_floors(reps: int = 200) -> dict[str, float]:
+    """Host floor per op: median eager time (CUDA events around each call, the GPU otherwise
+    idle) of one call of :func:`trivial_ops` through kdtree's own Python path."""
+    return {k: time_events([fn], reps=reps, warmup=20).median_us for k, fn in trivial_ops().items()}
 
 
 def _measure_gpu(quick: bool) -> Ceilings:

@@ -23,9 +23,11 @@ the *ideal* roof (useful FLOPs on the fastest unit, the minimum bytes from HBM, 
 launch, whichever is largest) says how far any variant could still go.
 
 Eager timings include kdtree's Python dispatch, so they are never judged against a device
-roof: an eager point is compared with the host floor of its op (``Ceilings.eager_floor``, the
-eager time of the same op at a trivial size through the package's own path) and gets bound
-``host``. Host-timed (CPU) points on a GPU run get no roof either.
+roof: an eager point is compared with the host floor of its op and gets bound ``host``. The
+floor is the eager time of the same call path at a trivial size, timed interleaved with the
+point's own calls where the benchmark did so (``floor_us``, plus one eager launch per launch
+the point makes beyond the trivial call's ``floor_launches``), else the run's per-op floor
+(``Ceilings.eager_floor``). Host-timed (CPU) points on a GPU run get no roof either.
 """
 from __future__ import annotations
 
@@ -92,7 +94,8 @@ def ideal_time(cost: Cost, ceilings: Ceilings, mode: str) -> tuple[float, str]:
 
 
 def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, l2: str,
-                   variant: str = "", kernel: str = "", counted: dict | None = None) -> dict:
+                   variant: str = "", kernel: str = "", counted: dict | None = None,
+                   floor_us: float | None = None, floor_launches: float = math.nan) -> dict:
     """Roofline figures of one measured point (the columns of :data:`COLUMNS`).
 
     ``counted``: the point's counter bytes where the run profiled it (see :func:`roof_times`);
@@ -100,8 +103,9 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
 
     A host-timed point judged against GPU ceilings gets bound ``host`` and no fraction: the
     GPU's roofs say nothing about a CPU path. An eager point on a GPU gets bound ``host`` too,
-    with its fraction of the op's host floor (``Ceilings.eager_floor``): eager time includes
-    the Python dispatch, which no device roof describes.
+    with its fraction of the op's host floor (``floor_us`` measured beside it where given, else
+    ``Ceilings.eager_floor``): eager time includes the Python dispatch, which no device roof
+    describes.
     """
     if not (median_us > 0 and math.isfinite(median_us)):
         raise ValueError(f"median_us: expected a positive time, got {median_us!r}")
@@ -119,6 +123,9 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
         return out
     if mode == "eager" and ceilings.kind == "gpu":
         floor = ceilings.eager_floor(kernel_name(kernel), cost.launches)
+        if floor_us is not None and math.isfinite(floor_us):   # measured beside the calls
+            extra = cost.launches - floor_launches if math.isfinite(floor_launches) else 0
+            floor = floor_us + max(extra, 0) * ceilings.launch_eager_us
         out.update(attainable_us=floor, fraction=floor / median_us, bound="host", **none,
                    diagnosis=(f"{name}: eager call, {eng(median_us * 1e-6, 's')} against a host floor of {eng(floor * 1e-6, 's')} "
                               f"({cost.launches} launch{'es' if cost.launches > 1 else ''} through kdtree's Python "
@@ -203,8 +210,11 @@ def classify(df: pd.DataFrame, ceilings: Ceilings, counters: pd.DataFrame | None
         timed = isinstance(rec["median_us"], (int, float)) and math.isfinite(rec["median_us"])
         cost = cost_for_row(rec, ceilings.l2_bytes) if timed else None
         variant = rec.get("variant") if isinstance(rec.get("variant"), str) else rec.get("path", "")
+        floor = {k: float(rec[k]) for k in ("floor_us", "floor_launches")
+                 if isinstance(rec.get(k), (int, float)) and math.isfinite(rec[k])}
         point = {} if cost is None else classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"],
-                                                       str(variant), str(rec["kernel"]), note_for_row(counted, rec) or None)
+                                                       str(variant), str(rec["kernel"]), note_for_row(counted, rec) or None,
+                                                       **floor)
         extra = note_for_row(notes, rec) if point else ""
         if extra:
             point["diagnosis"] += f"; {extra}"

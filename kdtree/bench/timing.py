@@ -37,6 +37,8 @@ class Timing:
     l2: str     # "warm", "cold" or "n/a" (host paths)
     sm_clock_mhz: float = math.nan    # median SM clock sampled during the timed work (GPU only)
     mem_clock_mhz: float = math.nan   # median memory clock, likewise
+    floor_us: float = math.nan        # eager only: median of the call path's host floor, timed
+    #                                   interleaved with the calls (``time_events(floor=...)``)
 
     def as_dict(self) -> dict:
         """The fields as a results-row dict."""
@@ -190,9 +192,17 @@ def time_host(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2,
 
 
 class L2Flush:
-    """Writes a buffer twice the L2 size so the next kernel starts with a cold L2."""
+    """Writes a GPU buffer twice the L2 size so the next kernel starts with a cold L2.
+
+    ``device``: the GPU (default: torch's current one). The buffer must live there: a buffer
+    left on the host (``torch.empty(device=None)``) flushed nothing and cost every cold eager
+    call a 120 MB memset on the CPU, single-threaded under the sweep's workers, whose cold CPU
+    caches then slowed the timed Python dispatch that followed.
+    """
 
     def __init__(self, device=None):
+        index = None if device is None else torch.device(device).index
+        device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
         props = torch.cuda.get_device_properties(device)
         self.buf = torch.empty(2 * props.L2_cache_size // 4 + 1024, dtype=torch.int32, device=device)
 
@@ -235,7 +245,7 @@ def warm_up(fn: Callable[[], object], calls: int, sync: bool = False) -> None:
 
 
 def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup: int = 5,
-                l2: str = "warm") -> Timing:
+                l2: str = "warm", floor: Callable[[], object] | None = None) -> Timing:
     """Per-call device time of eager launches, by CUDA events around each call.
 
     ``fns`` are equivalent calls over different inputs; they are used round-robin, so a
@@ -243,23 +253,37 @@ def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup:
     also flushed before every timed call (the flush is outside the events). The warm-up is
     :func:`warm_up`'s (each call synchronised); the timed loop runs with the garbage collector
     off (:class:`QuietGC`).
+
+    ``floor``: the same call path at a trivial size (its host floor), timed the same way right
+    after every call, so that both medians see the same host. An eager call is mostly Python
+    dispatch, and the host's speed moves by up to 2x within seconds on a shared VM: a floor
+    measured once per run judged later calls against another machine state (eager points came
+    out "faster than their floor"). Its median is ``floor_us``.
     """
     flush = L2Flush() if l2 == "cold" else None
     rotation = itertools.cycle(fns)
     warm_up(lambda: next(rotation)(), warmup, sync=True)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    if floor is not None:
+        warm_up(floor, warmup, sync=True)
+    events = [[torch.cuda.Event(enable_timing=True) for _ in range(4 if floor else 2)] for _ in range(reps)]
     with QuietGC(), ClockSampler() as clocks:
         clocks.sample()
-        for i in range(reps):
+        for i, ev in enumerate(events):
             if flush is not None:
                 flush()
-            starts[i].record()
+            ev[0].record()
             fns[i % len(fns)]()
-            ends[i].record()
+            ev[1].record()
+            if floor is not None:
+                ev[2].record()
+                floor()
+                ev[3].record()
         clocks.sample()
         torch.cuda.synchronize()
-    return summarize([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)], "eager", l2, clocks)
+    t = summarize([ev[0].elapsed_time(ev[1]) * 1e3 for ev in events], "eager", l2, clocks)
+    if floor is not None:
+        t.floor_us = float(np.median([ev[2].elapsed_time(ev[3]) * 1e3 for ev in events]))
+    return t
 
 
 def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int = 20,

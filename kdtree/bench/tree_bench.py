@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 import kdtree
+from kdtree.bench.ceilings import trivial_ops
 from kdtree.bench.results import run_metadata, save_table
 from kdtree.bench.timing import Timing, time_events, time_graph, time_host
 from kdtree.kernels import cuda_available
@@ -70,8 +71,10 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     parallel = float((path == 0).float().mean())  # sequences on the parallel path
     reps = 30 if quick else 200
     e_reps = 100 if quick else 200      # eager calls are host dispatch (~0.1 ms): a median of 100
+    floors = trivial_ops()   # each op's host floor, timed interleaved with its eager calls
     build = lambda: kdtree.build_tree(lp, tok, budget, validate=False)  # noqa: E731
-    rows.append(_row("build", "gpu", budget, batch, depth, k, time_events([build], reps=e_reps)) | {"parallel": parallel})
+    rows.append(_row("build", "gpu", budget, batch, depth, k, time_events([build], reps=e_reps, floor=floors["build_tree"]))
+                | {"parallel": parallel})
     rows.append(_row("build", "gpu", budget, batch, depth, k, time_graph(build, reps=reps // 4)) | {"parallel": parallel})
     # The serial heap alone (v5, one warp per sequence): the baseline, timed in the same run.
     serial = lambda: _launch_build(lp, tok, budget, serial=True)  # noqa: E731
@@ -88,8 +91,9 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     compact = lambda: kdtree.compact_kv(kv, prefix, acc, validate=False)  # noqa: E731
     both = lambda: kdtree.compact_kv(kv, prefix, kdtree.accept_tree(tree, target, validate=False), validate=False)  # noqa: E731
     shape = {"accepted": float(acc.length.float().mean()), "moved": moved_rows(acc)}
-    for name, fn in (("accept", accept), ("compact", compact), ("accept+compact", both)):
-        rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=e_reps)) | shape)
+    for name, fn, op in (("accept", accept, "accept_tree"), ("compact", compact, "compact_kv"),
+                         ("accept+compact", both, "accept+compact")):
+        rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=e_reps, floor=floors[op])) | shape)
         rows.append(_row(name, "gpu", budget, batch, depth, k, time_graph(fn, reps=reps // 4)) | shape)
     return rows
 
