@@ -13,7 +13,7 @@
 //   and the combine sums a token's slots in slot order).
 // * moe_grouped_gemm: out[p, n] = sum_k x[row(p), k] w[e, n, k] for the positions p of expert e.
 //   The work is a list of items (expert, chunk of 8 x MOE_NT of its positions) times row
-//   tiles: block (item, row tile). Each block finds its item from the group ends alone (one
+//   tiles: block (item, row tile). Each block finds its item from the group ends alone (each
 //   warp scans the experts' chunk counts), so only experts with tokens get blocks, an expert
 //   with many tokens gets one block per chunk instead of one block that loops over them (no
 //   block carries a hot expert's whole load), and the chunks of one expert and row tile are
@@ -70,7 +70,7 @@ typedef unsigned int moe_u32;
 #define MOE_NA (4 * MOE_TILES)                // A uint4 per thread per step: tiles x 2 rows x 32 bytes
 #define MOE_NB (2 * MOE_NT)                   // B uint4 per thread per step
 #define MOE_NSLOT (MOE_NA + MOE_NB)
-#define MOE_ROWS (16 * MOE_TILES)             // weight rows per block (gated: 16 of gate, 16 of up)
+#define MOE_ROWS (MOE_GATED ? 16 : 16 * MOE_TILES)  // output rows per block (gated: 16 of gate and of up)
 #define MOE_CHUNK (8 * MOE_NT)                // positions per item
 
 #if MOE_KW % 64 != 0
@@ -161,15 +161,17 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
                      const moe_bf16* __restrict__ w1, const int* __restrict__ offs, int experts,
                      void* __restrict__ out, int n_out) {
   extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32]
-  __shared__ int item_e, item_c0, item_end;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  if (warp == 0) {  // this block's item: expert e, positions c0 .. min(c0 + MOE_CHUNK, end) - 1
+  // This block's item, found by every warp alike (no shared memory, no barrier): expert e,
+  // positions c0 .. end - 1 (at most MOE_CHUNK).
+  int e = -1, c0 = 0, end = 0;
+  {
     const int item = blockIdx.x;
-    int carry = 0, found = -1, c0 = 0, end = 0;
+    int carry = 0, found = -1, start = 0, stop = 0;
     for (int base = 0; base < experts && carry <= item; base += 32) {
-      const int e = base + lane;
-      const int lo = e < experts ? (e ? offs[e - 1] : 0) : 0, hi = e < experts ? offs[e] : 0;
-      const int n = (hi - lo + MOE_CHUNK - 1) / MOE_CHUNK;  // chunks of expert e
+      const int x_e = base + lane;
+      const int lo = x_e < experts ? (x_e ? offs[x_e - 1] : 0) : 0, hi = x_e < experts ? offs[x_e] : 0;
+      const int n = (hi - lo + MOE_CHUNK - 1) / MOE_CHUNK;  // chunks of expert x_e
       int incl = n;
       for (int d = 1; d < 32; d <<= 1) {
         const int o = __shfl_up_sync(0xffffffffu, incl, d);
@@ -177,30 +179,19 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       }
       const int first = carry + incl - n;
       if (item >= first && item < first + n) {
-        found = e;
-        c0 = lo + (item - first) * MOE_CHUNK;
-        end = hi;
+        found = x_e;
+        start = lo + (item - first) * MOE_CHUNK;
+        stop = hi;
       }
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
     const unsigned who = __ballot_sync(0xffffffffu, found >= 0);
-    if (lane == 0) item_e = -1;
-    if (who) {
-      const int src = __ffs(who) - 1;
-      found = __shfl_sync(0xffffffffu, found, src);
-      c0 = __shfl_sync(0xffffffffu, c0, src);
-      end = __shfl_sync(0xffffffffu, end, src);
-      if (lane == 0) {
-        item_e = found;
-        item_c0 = c0;
-        item_end = end;
-      }
-    }
+    if (!who) return;  // past the last item (the same answer in every warp)
+    const int src = __ffs(who) - 1;
+    e = __shfl_sync(0xffffffffu, found, src);
+    c0 = __shfl_sync(0xffffffffu, start, src);
+    end = min(__shfl_sync(0xffffffffu, stop, src), c0 + MOE_CHUNK);
   }
-  __syncthreads();
-  const int e = item_e;
-  if (e < 0) return;
-  const int c0 = item_c0, end = min(item_end, c0 + MOE_CHUNK);
   const int r0 = blockIdx.y * MOE_ROWS;
   const long long kofs = (long long)warp * 64 + q * 8;
   const moe_bf16* wa = w0 + (long long)e * n_out * MOE_K;
