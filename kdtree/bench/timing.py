@@ -192,22 +192,25 @@ def time_host(fn: Callable[[], object], *, reps: int = 20, warmup: int = 2,
 
 
 class L2Flush:
-    """Writes a GPU buffer twice the L2 size so the next kernel starts with a cold L2.
+    """Reads a GPU buffer twice the L2 size so the next kernel starts with a cold L2.
 
-    ``device``: the GPU (default: torch's current one). The buffer must live there: a buffer
-    left on the host (``torch.empty(device=None)``) flushed nothing and cost every cold eager
-    call a 120 MB memset on the CPU, single-threaded under the sweep's workers, whose cold CPU
-    caches then slowed the timed Python dispatch that followed.
+    ``device``: the GPU (default: torch's current one). Reading, not writing: a written buffer
+    leaves the L2 full of dirty lines, which the timed kernel would then write back to HBM
+    (up to the L2's 60 MB on an H200, 3% more traffic for a 2 GiB bandwidth probe). The buffer
+    must live on the GPU: one left on the host (``torch.empty(device=None)``) flushed nothing
+    and cost every cold eager call a 120 MB memset on the CPU, single-threaded under the
+    sweep's workers; the GPU idled meanwhile and the cold CPU caches slowed the timed Python
+    dispatch that followed.
     """
 
     def __init__(self, device=None):
         index = None if device is None else torch.device(device).index
         device = torch.device("cuda", torch.cuda.current_device() if index is None else index)
         props = torch.cuda.get_device_properties(device)
-        self.buf = torch.empty(2 * props.L2_cache_size // 4 + 1024, dtype=torch.int32, device=device)
+        self.buf = torch.zeros(2 * props.L2_cache_size // 4 + 1024, dtype=torch.int32, device=device)
 
     def __call__(self) -> None:
-        self.buf.fill_(1)
+        self.buf.amax()
 
 
 # Host and eager timings call the function for at least WARMUP_S seconds first (CPU clocks up,
