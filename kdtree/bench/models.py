@@ -355,8 +355,9 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
 
     plan = _plan(variant, B, N, H, S, num_sms, impl, splits, layout)
     # rows_n entries carry their warpgroup split as a suffix (verify_fused_rows_n24...)
+    # the wgmma kernels (v4 and the v5 pingpong pair) move the same tiles; the name joins the counters
     kernel = {"rows_n": "verify_fused_rows_n"}.get(plan.layout,
-                                                  "verify_fused_wgmma" if plan.impl == "wgmma" else "verify_fused")
+                                                  "verify_fused" if plan.impl == "mma" else f"verify_fused_{plan.impl}")
     row_tiles = math.ceil(N * H / plan.tile_rows)       # per sequence; each reads its KV range once
     padded = B * row_tiles * plan.tile_rows
     part_bytes = rows * (V_DIM * F32 + F32)             # one fp32 partial set (o and lse)
@@ -481,7 +482,6 @@ _ARGS = {
                        "moved": "moved?"},
 }
 _FLOAT_ARGS = ("tree_visible", "accepted", "moved")
-_STR_ARGS = {"impl": ("mma", "wgmma"), "layout": ("rows_m", "rows_n")}
 _ALIASES = {"build": "build_tree", "tree_build": "build_tree", "accept": "accept_tree", "compact": "compact_kv",
             "compaction": "compact_kv", "attention": "verify_attention", "verify": "verify_attention"}
 
@@ -509,6 +509,9 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
         values["q_len"] = int(values["budget"]) + 1
     if not _present(values.get("depth")):
         values["depth"] = 15
+    from kdtree.attention import FUSED_IMPLS, LAYOUTS
+
+    str_args = {"impl": FUSED_IMPLS, "layout": LAYOUTS}
     planned = kernel == "verify_attention" and (variant.startswith("fused") or variant == "cascade")
     kwargs = {} if l2_bytes is None else {"l2_bytes": float(l2_bytes)}
     for arg, col in _ARGS[kernel].items():
@@ -517,8 +520,8 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
         v = values.get(col)
         if arg in ("impl", "splits", "layout") and not planned:
             continue
-        if _present(v) and not (arg in _STR_ARGS and v not in _STR_ARGS[arg]):
-            kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in _STR_ARGS else int(v)
+        if _present(v) and not (arg in str_args and v not in str_args[arg]):
+            kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in str_args else int(v)
         elif not optional:
             raise ValueError(f"{kernel} row needs column {col!r} for its cost model; row has {sorted(values)}")
     return MODELS[kernel](variant, **kwargs)
