@@ -12,30 +12,22 @@
 //   from run to run; nothing downstream depends on it (each token's rows are computed alone
 //   and the combine sums a token's slots in slot order).
 // * moe_grouped_gemm: out[p, n] = sum_k x[row(p), k] w[e, n, k] for the positions p of expert e.
-//   The work is a list of items (expert, chunk of 8 x MOE_NT of its positions) times row
-//   tiles: block (item, row tile). Each block finds its item from the group ends alone (each
-//   warp scans the experts' chunk counts), so only experts with tokens get blocks, an expert
-//   with many tokens gets one block per chunk instead of one block that loops over them (no
-//   block carries a hot expert's whole load), and the chunks of one expert and row tile are
-//   neighbours in launch order: they run together and read the same weight rows, which the
-//   L2 serves once from HBM. The grid's item count is a static bound (``max_items``); blocks
-//   past the last item exit. MOE_KSPLIT warps split K (warp w takes the 64-wide steps w,
+//   Block (row tile, expert); MOE_KSPLIT warps split K (warp w takes the 64-wide steps w,
 //   w + MOE_KSPLIT, ..., so a block reads MOE_KSPLIT x 128 contiguous bytes of each row at a
 //   time), each streaming its steps through a private cp.async ring (every thread reads back
 //   only the bytes it copied, so no barrier is needed until the split-K reduction). mma.sync
 //   m16n8k16 with 16 weight rows on M and 8 tokens on N; the K order inside each 64-wide step
 //   is permuted the same way for A and B: thread q of a row group copies bytes 16q .. 16q + 15
 //   and 64 + 16q .. 64 + 16q + 15 of the step (each copy instruction covers whole 32-byte
-//   sectors), and those 16 values are its fragments of four k16 steps. MOE_GATED = 1: w0 =
-//   gate, w1 = up (16 rows of each per block), the output is bf16 silu(gate) * up;
-//   MOE_GATED = 0: 16 x MOE_DTILES rows of w0 per block (1 or 2 tiles: one tile doubles the
-//   blocks when few experts are active), float32 output.
+//   sectors), and those 16 values are its fragments of four k16 steps. Tokens come in chunks of 8 * MOE_NT; an expert with more re-streams its weights
+//   per chunk. MOE_GATED = 1: w0 = gate, w1 = up (16 rows of each per block), the output is
+//   bf16 silu(gate) * up; MOE_GATED = 0: 32 rows of w0 per block, float32 output.
 // * moe_combine: out[t] = base[t] + sum_s weight[t, s] * ys[pos[t, s]] over the local slots,
 //   in float32, slots in order.
 //
 // Compile-time options (-D): MOE_K (input width, a multiple of 64 * MOE_KSPLIT), MOE_NT (token
-// tiles of 8 per chunk), MOE_GATED, MOE_DTILES (16-row tiles per block without MOE_GATED),
-// MOE_STAGES (ring depth), MOE_KSPLIT (warps per block), MOE_TOPK (slots per token, combine). No system headers: compiles under NVRTC and nvcc.
+// tiles of 8 per chunk), MOE_GATED, MOE_STAGES (ring depth), MOE_KSPLIT (warps per block),
+// MOE_TOPK (slots per token, combine). No system headers: compiles under NVRTC and nvcc.
 
 #ifndef MOE_K
 #define MOE_K 7168
@@ -52,9 +44,6 @@
 #ifndef MOE_KSPLIT
 #define MOE_KSPLIT 4
 #endif
-#ifndef MOE_DTILES
-#define MOE_DTILES 2
-#endif
 #ifndef MOE_TOPK
 #define MOE_TOPK 8
 #endif
@@ -66,18 +55,13 @@ typedef unsigned int moe_u32;
 #define MOE_KW (MOE_K / MOE_KSPLIT)          // K per warp
 #define MOE_KSTEPS (MOE_KW / 64)              // 64-wide steps per warp
 #define MOE_KSTRIDE (64 * MOE_KSPLIT)         // elements between a warp's steps
-#define MOE_TILES (MOE_GATED ? 2 : MOE_DTILES)  // 16-row weight tiles per block
-#define MOE_NA (4 * MOE_TILES)                // A uint4 per thread per step: tiles x 2 rows x 32 bytes
+#define MOE_NA 8                              // A uint4 per thread per step: 2 tiles x 2 rows x 32 bytes
 #define MOE_NB (2 * MOE_NT)                   // B uint4 per thread per step
 #define MOE_NSLOT (MOE_NA + MOE_NB)
-#define MOE_ROWS (MOE_GATED ? 16 : 16 * MOE_TILES)  // output rows per block (gated: 16 of gate and of up)
-#define MOE_CHUNK (8 * MOE_NT)                // positions per item
+#define MOE_ROWS (MOE_GATED ? 16 : 32)        // output rows per block
 
 #if MOE_KW % 64 != 0
 #error "MOE_K must be a multiple of 64 * MOE_KSPLIT"
-#endif
-#if MOE_TILES != 1 && MOE_TILES != 2
-#error "MOE_DTILES must be 1 or 2"
 #endif
 
 __device__ __forceinline__ float moe_bf16_to_f32(moe_bf16 h) { return __uint_as_float(((moe_u32)h) << 16); }
@@ -155,44 +139,17 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
 
 // x [rows, MOE_K] bf16; rowidx [positions] (row of x for each position) or null (position = row);
 // w0, w1 [experts, n_out, MOE_K] bf16 (w1 read only when MOE_GATED); offs [experts] group ends;
-// out [positions, n_out]: bf16 when MOE_GATED, else float32. grid (max_items, n_out / MOE_ROWS).
+// out [positions, n_out]: bf16 when MOE_GATED, else float32. grid (n_out / MOE_ROWS, experts).
 extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     moe_grouped_gemm(const moe_bf16* __restrict__ x, const int* __restrict__ rowidx, const moe_bf16* __restrict__ w0,
-                     const moe_bf16* __restrict__ w1, const int* __restrict__ offs, int experts,
-                     void* __restrict__ out, int n_out) {
+                     const moe_bf16* __restrict__ w1, const int* __restrict__ offs, void* __restrict__ out,
+                     int n_out) {
   extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32]
+  const int e = blockIdx.y;
+  const int first = e ? offs[e - 1] : 0, end = offs[e];
+  if (first >= end) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  // This block's item, found by every warp alike (no shared memory, no barrier): expert e,
-  // positions c0 .. end - 1 (at most MOE_CHUNK).
-  int e = -1, c0 = 0, end = 0;
-  {
-    const int item = blockIdx.x;
-    int carry = 0, found = -1, start = 0, stop = 0;
-    for (int base = 0; base < experts && carry <= item; base += 32) {
-      const int x_e = base + lane;
-      const int lo = x_e < experts ? (x_e ? offs[x_e - 1] : 0) : 0, hi = x_e < experts ? offs[x_e] : 0;
-      const int n = (hi - lo + MOE_CHUNK - 1) / MOE_CHUNK;  // chunks of expert x_e
-      int incl = n;
-      for (int d = 1; d < 32; d <<= 1) {
-        const int o = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += o;
-      }
-      const int first = carry + incl - n;
-      if (item >= first && item < first + n) {
-        found = x_e;
-        start = lo + (item - first) * MOE_CHUNK;
-        stop = hi;
-      }
-      carry += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    const unsigned who = __ballot_sync(0xffffffffu, found >= 0);
-    if (!who) return;  // past the last item (the same answer in every warp)
-    const int src = __ffs(who) - 1;
-    e = __shfl_sync(0xffffffffu, found, src);
-    c0 = __shfl_sync(0xffffffffu, start, src);
-    end = min(__shfl_sync(0xffffffffu, stop, src), c0 + MOE_CHUNK);
-  }
-  const int r0 = blockIdx.y * MOE_ROWS;
+  const int r0 = blockIdx.x * MOE_ROWS;
   const long long kofs = (long long)warp * 64 + q * 8;
   const moe_bf16* wa = w0 + (long long)e * n_out * MOE_K;
 #if MOE_GATED
@@ -200,101 +157,101 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 #else
   const moe_bf16* wb = wa + 16LL * MOE_K;
 #endif
-  const moe_bf16* arow[2 * MOE_TILES] = {wa + (long long)(r0 + g) * MOE_K + kofs, wa + (long long)(r0 + g + 8) * MOE_K + kofs
-#if MOE_TILES == 2
-                                         , wb + (long long)(r0 + g) * MOE_K + kofs, wb + (long long)(r0 + g + 8) * MOE_K + kofs
-#endif
-  };
+  const moe_bf16* arow[4] = {wa + (long long)(r0 + g) * MOE_K + kofs, wa + (long long)(r0 + g + 8) * MOE_K + kofs,
+                             wb + (long long)(r0 + g) * MOE_K + kofs, wb + (long long)(r0 + g + 8) * MOE_K + kofs};
   uint4* mine = ring + warp * MOE_STAGES * MOE_NSLOT * 32 + lane;
   const moe_u32 mine_s = (moe_u32)__cvta_generic_to_shared(mine);
 
-  const moe_bf16* brow[MOE_NT];
-  int bbytes[MOE_NT];
+  for (int c0 = first; c0 < end; c0 += 8 * MOE_NT) {
+    const moe_bf16* brow[MOE_NT];
+    int bbytes[MOE_NT];
 #pragma unroll
-  for (int j = 0; j < MOE_NT; ++j) {
-    const int p = c0 + j * 8 + g;
-    const bool ok = p < end;
-    const int row = ok ? (rowidx ? rowidx[p] : p) : 0;
-    brow[j] = x + (long long)row * MOE_K + kofs;
-    bbytes[j] = ok ? 16 : 0;  // zero fill past the chunk's tokens
-  }
-  auto issue = [&](int stage, int ks) {
-    const int kk = ks * MOE_KSTRIDE;
-    const moe_u32 dst = mine_s + stage * MOE_NSLOT * 32 * 16;
+    for (int j = 0; j < MOE_NT; ++j) {
+      const int p = c0 + j * 8 + g;
+      const bool ok = p < end;
+      const int row = ok ? (rowidx ? rowidx[p] : p) : 0;
+      brow[j] = x + (long long)row * MOE_K + kofs;
+      bbytes[j] = ok ? 16 : 0;  // zero fill past the expert's tokens
+    }
+    auto issue = [&](int stage, int ks) {
+      const int kk = ks * MOE_KSTRIDE;
+      const moe_u32 dst = mine_s + stage * MOE_NSLOT * 32 * 16;
 #pragma unroll
-    for (int i = 0; i < MOE_NA; ++i) moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 32, 16);
+      for (int i = 0; i < MOE_NA; ++i) moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 32, 16);
 #pragma unroll
-    for (int j = 0; j < MOE_NB; ++j)
-      moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow[j >> 1] + kk + (j & 1) * 32, bbytes[j >> 1]);
-  };
-  float acc[MOE_TILES][MOE_NT][4];
+      for (int j = 0; j < MOE_NB; ++j)
+        moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow[j >> 1] + kk + (j & 1) * 32, bbytes[j >> 1]);
+    };
+    float acc[2][MOE_NT][4];
 #pragma unroll
-  for (int t = 0; t < MOE_TILES; ++t)
+    for (int t = 0; t < 2; ++t)
 #pragma unroll
-    for (int j = 0; j < MOE_NT; ++j)
+      for (int j = 0; j < MOE_NT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) acc[t][j][c] = 0.f;
+        for (int c = 0; c < 4; ++c) acc[t][j][c] = 0.f;
 
 #pragma unroll
-  for (int s = 0; s < MOE_STAGES - 1; ++s) {
-    if (s < MOE_KSTEPS) issue(s, s);
-    asm volatile("cp.async.commit_group;\n" ::);
-  }
+    for (int s = 0; s < MOE_STAGES - 1; ++s) {
+      if (s < MOE_KSTEPS) issue(s, s);
+      asm volatile("cp.async.commit_group;\n" ::);
+    }
 #pragma unroll 1
-  for (int ks = 0; ks < MOE_KSTEPS; ++ks) {
-    const int kn = ks + MOE_STAGES - 1;
-    if (kn < MOE_KSTEPS) issue(kn % MOE_STAGES, kn);
-    asm volatile("cp.async.commit_group;\n" ::);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 1));
-    const uint4* buf = mine + (ks % MOE_STAGES) * MOE_NSLOT * 32;
-    uint4 a[MOE_NA], b[MOE_NB];
+    for (int ks = 0; ks < MOE_KSTEPS; ++ks) {
+      const int kn = ks + MOE_STAGES - 1;
+      if (kn < MOE_KSTEPS) issue(kn % MOE_STAGES, kn);
+      asm volatile("cp.async.commit_group;\n" ::);
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 1));
+      const uint4* buf = mine + (ks % MOE_STAGES) * MOE_NSLOT * 32;
+      uint4 a[MOE_NA], b[MOE_NB];
 #pragma unroll
-    for (int i = 0; i < MOE_NA; ++i) a[i] = buf[i * 32];
+      for (int i = 0; i < MOE_NA; ++i) a[i] = buf[i * 32];
 #pragma unroll
-    for (int j = 0; j < MOE_NB; ++j) b[j] = buf[(MOE_NA + j) * 32];
+      for (int j = 0; j < MOE_NB; ++j) b[j] = buf[(MOE_NA + j) * 32];
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+      for (int s = 0; s < 4; ++s) {
 #pragma unroll
-      for (int t = 0; t < MOE_TILES; ++t) {
-        // a[t*4 + h*2 + u]: tile t, row g + 8h, the thread's 16 bytes of half u of the step
-        const moe_u32 x0 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s);
-        const moe_u32 x1 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s);
-        const moe_u32 x2 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s + 1);
-        const moe_u32 x3 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s + 1);
+        for (int t = 0; t < 2; ++t) {
+          // a[t*4 + h*2 + u]: tile t, row g + 8h, the thread's 16 bytes of half u of the step
+          const moe_u32 x0 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s);
+          const moe_u32 x1 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s);
+          const moe_u32 x2 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s + 1);
+          const moe_u32 x3 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s + 1);
 #pragma unroll
-        for (int j = 0; j < MOE_NT; ++j)
-          moe_mma(acc[t][j], x0, x1, x2, x3, moe_word(b[2 * j], b[2 * j + 1], 2 * s),
-                  moe_word(b[2 * j], b[2 * j + 1], 2 * s + 1));
+          for (int j = 0; j < MOE_NT; ++j)
+            moe_mma(acc[t][j], x0, x1, x2, x3, moe_word(b[2 * j], b[2 * j + 1], 2 * s),
+                    moe_word(b[2 * j], b[2 * j + 1], 2 * s + 1));
+        }
       }
     }
-  }
-  asm volatile("cp.async.wait_group 0;\n" ::);
-  __syncthreads();  // every warp is done with its ring: reuse it for the split-K partials
-  float* red = reinterpret_cast<float*>(ring);  // [MOE_KSPLIT][MOE_TILES][MOE_NT][4][32]
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();  // every warp is done with its ring: reuse it for the split-K partials
+    float* red = reinterpret_cast<float*>(ring);  // [MOE_KSPLIT][2][MOE_NT][4][32]
 #pragma unroll
-  for (int t = 0; t < MOE_TILES; ++t)
+    for (int t = 0; t < 2; ++t)
 #pragma unroll
-    for (int j = 0; j < MOE_NT; ++j)
+      for (int j = 0; j < MOE_NT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) red[(((warp * MOE_TILES + t) * MOE_NT + j) * 4 + c) * 32 + lane] = acc[t][j][c];
-  __syncthreads();
-  const int per_tile = MOE_NT * 4 * 32;
-  for (int idx = threadIdx.x; idx < (MOE_GATED ? 1 : MOE_TILES) * per_tile; idx += 32 * MOE_KSPLIT) {
-    const int t = idx / per_tile, rest = idx % per_tile, j = rest / 128, c = (rest / 32) & 3, l = rest & 31;
-    const int p = c0 + j * 8 + 2 * (l & 3) + (c & 1);
-    if (p >= end) continue;
-    const int row = r0 + t * 16 + (l >> 2) + (c >> 1) * 8;
-    float v = 0.f;
+        for (int c = 0; c < 4; ++c) red[(((warp * 2 + t) * MOE_NT + j) * 4 + c) * 32 + lane] = acc[t][j][c];
+    __syncthreads();
+    const int per_tile = MOE_NT * 4 * 32;
+    for (int idx = threadIdx.x; idx < (MOE_GATED ? 1 : 2) * per_tile; idx += 32 * MOE_KSPLIT) {
+      const int t = idx / per_tile, rest = idx % per_tile, j = rest / 128, c = (rest / 32) & 3, l = rest & 31;
+      const int p = c0 + j * 8 + 2 * (l & 3) + (c & 1);
+      if (p >= end) continue;
+      const int row = r0 + t * 16 + (l >> 2) + (c >> 1) * 8;
+      float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < MOE_KSPLIT; ++w) v += red[(w * MOE_TILES + t) * per_tile + rest];
+      for (int w = 0; w < MOE_KSPLIT; ++w) v += red[(w * 2 + t) * per_tile + rest];
 #if MOE_GATED
-    float u = 0.f;
+      float u = 0.f;
 #pragma unroll
-    for (int w = 0; w < MOE_KSPLIT; ++w) u += red[(w * MOE_TILES + 1) * per_tile + rest];
-    reinterpret_cast<moe_bf16*>(out)[(long long)p * n_out + row] = moe_f32_to_bf16(v / (1.f + __expf(-v)) * u);
+      for (int w = 0; w < MOE_KSPLIT; ++w) u += red[(w * 2 + 1) * per_tile + rest];
+      reinterpret_cast<moe_bf16*>(out)[(long long)p * n_out + row] = moe_f32_to_bf16(v / (1.f + __expf(-v)) * u);
 #else
-    reinterpret_cast<float*>(out)[(long long)p * n_out + row] = v;
+      reinterpret_cast<float*>(out)[(long long)p * n_out + row] = v;
 #endif
+    }
+    __syncthreads();  // the partials are read before the next chunk's copies land in the ring
   }
 }
 

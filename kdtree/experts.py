@@ -11,14 +11,10 @@
    (the shared expert's output) if given.
 
 The GEMMs stream each touched expert's weights once, tokens on the mma's narrow side: the
-shape of expert parallelism at small batch, where an expert sees a few tokens per step. The
-blocks are (expert, chunk of ``8 * nt`` of its tokens) items times row tiles: only touched
-experts get blocks, and an expert with more than one chunk gets a block per chunk, running
-side by side on the same weight rows (the L2 serves the repeats), instead of one block that
-carries a hot expert's whole load. ``plan`` sizes the chunks and the down projection's row
-tile from the expected active experts and the SM count. Static shapes and no host
-synchronisation: graph-capturable. bf16 CUDA tensors only; the torch path in
-``kdtree.engine.model`` is the reference and the CPU path.
+shape of expert parallelism at small batch, where an expert sees a few tokens per step. An
+expert with more than ``8 * nt`` tokens streams its weights once per chunk of that many. Static
+shapes and no host synchronisation: graph-capturable. bf16 CUDA tensors only; the torch path
+in ``kdtree.engine.model`` is the reference and the CPU path.
 """
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ import functools
 import numpy as np
 import torch
 
-ROWS_GATED = 16  # output rows per gate/up block (16 of gate and 16 of up weights)
+ROWS_GATED, ROWS_DOWN = 16, 32
 # (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
@@ -52,44 +48,9 @@ def chunk_tiles(tokens: int, k: int, experts: int) -> int:
     return 1 if mean <= 2 else (2 if mean <= 6 else 4)
 
 
-def expected_active(tokens: int, k: int, experts: int, local: int) -> float:
-    """Expected local experts touched by ``tokens`` tokens under uniform top-k routing over
-    ``experts`` (``local`` of them here): ``local (1 - (1 - k / experts) ** tokens)``."""
-    for name, v in (("tokens", tokens), ("k", k), ("experts", experts), ("local", local)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
-    if not 1 <= k <= experts or local > experts:
-        raise ValueError(f"k, local: expected 1 <= k <= experts and local <= experts, got {k}, {local}, {experts}")
-    return local * (1.0 - (1.0 - k / experts) ** tokens)
-
-
-# The down projection takes 16-row tiles (twice the blocks) while the expected active experts
-# give fewer than this many 32-row blocks per SM.
-DOWN_FILL = 4
-
-
-def plan(tokens: int, k: int, experts: int, local: int, dim: int, sms: int) -> tuple[int, int]:
-    """(nt, down_tiles) of ``routed_experts`` for ``tokens`` tokens routed top-``k`` over ``experts``
-    (``local`` here) into down projections of ``dim`` rows on a GPU of ``sms`` SMs.
-
-    nt: ``chunk_tiles``. down_tiles: 16-row weight tiles per down-projection block, 1 when the
-    expected active experts (``expected_active``) give fewer than ``DOWN_FILL`` blocks of 32
-    rows per SM (one decode token touches about one local expert: 224 blocks of 32 of Kimi K2's
-    7168 rows for 132 SMs), else 2.
-    """
-    active = max(expected_active(tokens, k, experts, local), 1.0)
-    return chunk_tiles(tokens, k, experts), 1 if active * dim / 32 < DOWN_FILL * sms else 2
-
-
-def max_items(rows: int, experts: int, nt: int) -> int:
-    """Static bound on the (expert, chunk) items of ``rows`` positions over ``experts`` experts in
-    chunks of ``8 nt``: each touched expert has at most one partial chunk."""
-    return min(experts, rows) + rows // (8 * nt)
-
-
-def smem_bytes(nt: int, ksplit: int, stages: int, tiles: int = 2) -> int:
-    """Dynamic shared memory of a grouped-GEMM block: ksplit warps x stages x (4 tiles + 2 nt) x 512 B."""
-    return ksplit * stages * (4 * tiles + 2 * nt) * 32 * 16
+def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
+    """Dynamic shared memory of a grouped-GEMM block: ksplit warps x stages x (8 + 2 nt) x 512 B."""
+    return ksplit * stages * (8 + 2 * nt) * 32 * 16
 
 
 def _check_bf16(name: str, t: torch.Tensor, dim: int) -> None:
@@ -150,7 +111,7 @@ def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Ten
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int, *,
                  up: torch.Tensor | None = None, rowidx: torch.Tensor | None = None, nt: int = 1,
-                 shape: tuple[int, int] | None = None, tiles: int = 2) -> torch.Tensor:
+                 shape: tuple[int, int] | None = None) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -171,9 +132,6 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         Token tiles of 8 per chunk (``chunk_tiles``).
     shape : (ksplit, stages), optional
         Warps splitting K and ring depth; default ``SHAPES[nt]``.
-    tiles : int
-        16-row weight tiles per block without ``up`` (1 or 2; ``plan``); with ``up`` a block
-        always takes 16 rows of each.
 
     Returns
     -------
@@ -190,20 +148,15 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
             raise ValueError(f"up: expected the shape of w {tuple(w.shape)}, got {tuple(up.shape)}")
     if nt not in SHAPES:
         raise ValueError(f"nt: expected one of {sorted(SHAPES)}, got {nt!r}")
-    if tiles not in (1, 2):
-        raise ValueError(f"tiles: expected 1 or 2, got {tiles!r}")
-    tiles = 2 if up is not None else tiles
     ksplit, stages = SHAPES[nt] if shape is None else shape
-    if ksplit not in (1, 2, 4, 8) or not 2 <= stages <= 8 or smem_bytes(nt, ksplit, stages, tiles) > 227 * 1024:
+    if ksplit not in (1, 2, 4, 8) or not 2 <= stages <= 8 or smem_bytes(nt, ksplit, stages) > 227 * 1024:
         raise ValueError(f"shape: expected ksplit in (1, 2, 4, 8), stages in 2..8 within 227 KB, got {shape}")
-    tile = ROWS_GATED if up is not None else 16 * tiles
+    tile = ROWS_GATED if up is not None else ROWS_DOWN
     if x.shape[1] != K or K % (64 * ksplit) or N % tile:
         raise ValueError(f"x, w: expected x [R, K] and w [E, N, K] with K % {64 * ksplit} == 0 and "
                          f"N % {tile} == 0, got {tuple(x.shape)} and {tuple(w.shape)}")
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.shape != (E,) or offs.device != w.device:
         raise ValueError(f"offs: expected int32 [{E}] on {w.device}")
-    if E > 1024:
-        raise ValueError(f"w: expected at most 1024 experts, got {E}")
     if rowidx is not None and (rowidx.dtype != torch.int32 or rowidx.dim() != 1 or rowidx.shape[0] < rows):
         raise ValueError(f"rowidx: expected int32 [>= {rows}], got {rowidx.dtype} {tuple(rowidx.shape)}")
     if x.device != w.device:
@@ -212,12 +165,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     if rows == 0:
         return out
     idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    defines = (("MOE_DTILES", tiles), ("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit),
-               ("MOE_NT", nt), ("MOE_STAGES", stages))
+    defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit), ("MOE_NT", nt),
+               ("MOE_STAGES", stages))
     fn = _kernel("moe_grouped_gemm", idx, defines)
-    launch(fn, (max_items(rows, E, nt), N // tile), (32 * ksplit,),
+    launch(fn, (N // tile, E), (32 * ksplit,),
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
-            np.int32(E), ptr(out), np.int32(N)), shared_mem=smem_bytes(nt, ksplit, stages, tiles), device=x.device)
+            ptr(out), np.int32(N)), shared_mem=smem_bytes(nt, ksplit, stages), device=x.device)
     return out
 
 
@@ -282,21 +235,11 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
         raise ValueError(f"weight, expert: expected [T={x.shape[0]}, k] each, got {tuple(weight.shape)}, "
                          f"{tuple(expert.shape)}")
     T, k = expert.shape
-    nt, tiles = plan(T, k, experts_total or E, E, d, _sms(x.device))
+    nt = chunk_tiles(T, k, experts_total or E)
     offs, rowidx, pos = permute(expert, E)
     hid = grouped_gemm(x, w1, offs, T * k, up=w3, rowidx=rowidx, nt=nt)
-    ys = grouped_gemm(hid, w2, offs, T * k, nt=nt, tiles=tiles)
+    ys = grouped_gemm(hid, w2, offs, T * k, nt=nt)
     return combine(ys, pos, weight.float(), base)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _sms(device: torch.device) -> int:
-    """SMs of a CUDA device (cached: no query per call)."""
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def reference_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rowidx: torch.Tensor | None = None,

@@ -5,23 +5,20 @@ import torch
 from kdtree import experts as ek
 
 # Tokens per expert: empty experts, one token, chunk boundaries (8, 9, 16, 17, 32, 33), odd
-# counts, every token on one expert, nothing local at all, and more experts than a warp scans
-# at once (the blocks' item lookup crosses 32-expert groups) with a hot one past the first group.
+# counts, every token on one expert, nothing local at all.
 COUNTS = {
     "mixed": [0, 1, 37, 0, 5, 8, 9, 17, 16, 33, 32, 3],
     "one_expert": [0, 0, 70, 0],
     "single_token": [1, 0, 0],
     "none": [0, 0, 0, 0],
-    "many_experts": [(i * 7) % 5 for i in range(40)] + [41] + [(i * 3) % 4 for i in range(29)],
 }
 
 
-def grouped_case(counts, K, N, gated, nt, seed, gather, tiles=2):
+def grouped_case(counts, K, N, gated, nt, seed, gather):
     """(got, reference, positions) of one ``grouped_gemm`` call: float64 reference on the host.
 
     ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
-    as top-k routing does); otherwise x holds the positions' rows in order. ``tiles``: the
-    down projection's 16-row tiles per block.
+    as top-k routing does); otherwise x holds the positions' rows in order.
     """
     g = torch.Generator().manual_seed(seed)
     E, P = len(counts), sum(counts)
@@ -36,7 +33,7 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, tiles=2):
     up = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(torch.bfloat16) if gated else None
     ref = ek.reference_grouped(x, w, offs, rowidx, up)
     got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
-                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, tiles=tiles)
+                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt)
     return got[:P].double().cpu(), ref, P
 
 

@@ -222,14 +222,13 @@ def test_cuda_moe_at_kimi_ep8_shapes(fp8):
 @pytest.mark.gpu
 @pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("nt", [1, 2, 4])
-@pytest.mark.parametrize("gated,tiles", [(True, 2), (False, 2), (False, 1)])
+@pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("case", list(COUNTS))
-def test_grouped_gemm_against_float64(case, gated, tiles, nt, gather):
+def test_grouped_gemm_against_float64(case, gated, nt, gather):
     """Fresh random inputs per case; empty experts, one token, chunk boundaries, odd counts, every
-    token on one expert, 70 experts with a hot one; K = 768 (three 64-wide steps per warp), N not
-    a power of two; the down projection with 32- and 16-row blocks."""
-    got, ref, _ = grouped_case(COUNTS[case], 768, 80 if gated else 96 if tiles == 2 else 80, gated, nt,
-                               seed=list(COUNTS).index(case), gather=gather, tiles=tiles)
+    token on one expert; K = 768 (three 64-wide steps per warp), N not a power of two."""
+    got, ref, _ = grouped_case(COUNTS[case], 768, 80 if gated else 96, gated, nt, seed=list(COUNTS).index(case),
+                               gather=gather)
     err, bound = grouped_error(got, ref, gated)
     assert err <= bound, f"relative error {err:.3g} > {bound:.3g}"
 
@@ -301,31 +300,3 @@ def test_kernel_entry_points_reject_bad_input():
         ek.combine(torch.zeros(4, 6), torch.zeros(4, dtype=torch.int32), torch.zeros(2, 2))
     assert not ek.supported(x, w, w, 2)                       # CPU tensors take the torch path
     assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]
-
-
-def test_item_bound_covers_every_routing(gen):
-    """``max_items`` bounds the (expert, chunk) items of any counts: fresh random, skewed and
-    extreme routings (one expert holding every slot, every expert one slot)."""
-    for nt in (1, 2, 4):
-        C = 8 * nt
-        for E in (1, 3, 48, 300):
-            for rows in (1, 7, 8, 65, 520, 8200):
-                cases = [torch.multinomial(torch.rand(E, generator=gen) ** 4, rows, replacement=True,
-                                           generator=gen).bincount(minlength=E)[:E] for _ in range(5)]
-                cases += [torch.tensor([rows] + [0] * (E - 1)), torch.tensor([1] * min(E, rows) + [0] * (E - min(E, rows)))]
-                for c in cases:
-                    items = int(((c + C - 1) // C).sum())
-                    assert items <= ek.max_items(rows, E, nt), (nt, E, rows, c.tolist())
-
-
-def test_plan_fills_the_sms():
-    """One decode token on the Kimi K2 EP8 shard (about one local expert) takes 16-row down
-    blocks (448 for 132 SMs); from about three active experts on, 32-row blocks; the chunk size
-    follows ``chunk_tiles``."""
-    assert ek.plan(1, 8, 384, 48, 7168, 132) == (1, 1)
-    assert ek.plan(17, 8, 384, 48, 7168, 132) == (1, 2)
-    assert ek.plan(1025, 8, 384, 48, 7168, 132) == (4, 2)
-    assert ek.plan(1, 8, 384, 48, 7168, 16) == (1, 2)          # a small GPU is filled by 32-row blocks
-    assert ek.expected_active(1, 8, 384, 48) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="tokens"):
-        ek.plan(-1, 8, 384, 48, 7168, 132)

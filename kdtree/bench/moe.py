@@ -35,10 +35,24 @@ from kdtree.bench.roofline import classify_point
 from kdtree.bench.timing import time_graph, time_host
 from kdtree.engine.config import ModelConfig, get_config
 from kdtree.engine.model import FP8, MoE, build_model, grouped_linear, quantize_rows
-from kdtree.experts import expected_active as expected_distinct  # the closed form, shared with the kernels' plan
 
 ROUTINGS = ("model", "uniform", "zipf")
 TOKENS = (1, 17, 65, 257, 1025)
+
+
+def expected_distinct(tokens: int, k: int, experts: int, local: int) -> float:
+    """Expected distinct local experts touched by ``tokens`` tokens under uniform top-k routing.
+
+    Each token picks a uniform random ``k``-subset of ``experts``, so a given expert escapes
+    one token with probability ``1 - k / experts`` and all of them with its ``tokens``-th power:
+    ``local * (1 - (1 - k / experts) ** tokens)``.
+    """
+    for name, v in (("tokens", tokens), ("k", k), ("experts", experts), ("local", local)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    if not 1 <= k <= experts or local > experts:
+        raise ValueError(f"k, local: expected 1 <= k <= experts and local <= experts, got {k}, {local}, {experts}")
+    return local * (1.0 - (1.0 - k / experts) ** tokens)
 
 
 def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, inter: int, shared_inter: int,
@@ -365,14 +379,14 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
     base = moe.shared(x) if moe.shared is not None else None
     stages = [("router", lambda: moe.route(x), 0)]
     if moe.use_kernels(x):
-        nt, tiles = ek.plan(T, k, moe.n_routed, E, d, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        nt = ek.chunk_tiles(T, k, moe.n_routed)
         offs, rowidx, pos = ek.permute(expert, E)
         hid = ek.grouped_gemm(x, moe.w1, offs, T * k, up=moe.w3, rowidx=rowidx, nt=nt)
-        ys = ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt, tiles=tiles)
+        ys = ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt)
         stages += [("permute", lambda: ek.permute(expert, E), 0),
                    ("gate_up", lambda: ek.grouped_gemm(x, moe.w1, offs, T * k, up=moe.w3, rowidx=rowidx, nt=nt),
                     distinct * 2 * h * d * wb),
-                   ("down", lambda: ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt, tiles=tiles), distinct * h * d * wb),
+                   ("down", lambda: ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt), distinct * h * d * wb),
                    ("combine", lambda: ek.combine(ys, pos, weight, base), 0)]
         path = "kernels"
     else:
