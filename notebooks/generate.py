@@ -315,7 +315,8 @@ NOTEBOOKS = {
                  "    fig.add_scatter(x=best.budget, y=best.speedup, mode='markers', name='best budget',\n"
                  "                    marker={'symbol': 'star', 'size': 14, 'color': 'black'})\n"
                  "    plots.show(fig)\n"
-                 "plots.table(stepmodel.best_budgets(speed))"),
+                 "plots.table(stepmodel.best_budgets(speed))\n"
+                 "print('\\n'.join(stepmodel.best_budget_statement(speed)))"),
         ("md", "## Where the predicted step goes (microseconds)"),
         ("code", "cols = [c for c in speed.columns if c.startswith('c_')]\n"
                  "plots.table(speed, ['model', 'batch', 'prefix', 'decode', 'budget', 'tau', 'step_us', 'speedup', *cols])"),

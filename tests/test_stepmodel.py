@@ -91,6 +91,20 @@ def test_speedup_table_arithmetic(moe_components):
     assert default[default.decode == "chain"].tau.iloc[0] == S.PAPER_TAU_CHAIN
 
 
+def test_best_budget_statement_reads_the_table(moe_components):
+    t = S.speedup_table(moe_components, layers=3, first_dense=1, batches=[1, 2], prefixes=[32, 64],
+                        tau={16: 5.0, 32: 9.0}, tau_chain=4.0, gpus=4, dim=64, k=4, label="tiny_ep")
+    lines = S.best_budget_statement(t)
+    assert len(lines) == 2 and lines[0].startswith("Prefix 32: tiny_ep on 4 GPUs: best budget ")
+    for line, (_, part) in zip(lines, t.groupby("prefix", sort=True)):
+        for B in (1, 2):
+            r = part[(part.batch == B) & part.best].iloc[0]
+            assert f"{int(r.budget)} at batch {B} ({r.speedup:.2f}x greedy" in line
+    assert S.best_budget_statement(t, batches=[2])[0].count("at batch") == 1
+    with pytest.raises(ValueError, match="batches"):
+        S.best_budget_statement(t, batches=[16])
+
+
 def test_paper_tau_constant():
     assert list(S.PAPER_TAU) == [16, 32, 64, 128, 256, 512, 1024]
     assert list(S.PAPER_TAU.values()) == [8.6, 9.25, 9.75, 10.2, 10.4, 10.7, 11.0] and S.PAPER_TAU_CHAIN == 7.8

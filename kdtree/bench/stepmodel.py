@@ -646,3 +646,23 @@ def best_budgets(table: pd.DataFrame) -> pd.DataFrame:
         .reset_index(drop=True)
 
 
+def best_budget_statement(table: pd.DataFrame, batches=None) -> list[str]:
+    """The best budget of each model at ``batches`` (default: the table's smallest and largest
+    batch), one sentence per prefix, from ``speedup_table`` rows (a run's ``speedup`` table):
+    the budget with the highest predicted speedup over greedy decoding, and that speedup."""
+    best = best_budgets(table)
+    have = sorted(int(b) for b in best.batch.unique())
+    batches = [have[0], have[-1]] if batches is None else [int(b) for b in batches]
+    if not have or any(b not in have for b in batches):
+        raise ValueError(f"batches: expected among the table's batches {have}, got {batches}")
+    lines = []
+    for prefix, part in best.groupby("prefix", sort=True):
+        models = []
+        for model, m in part.groupby("model", sort=False):
+            gpus = int(m.gpus.iloc[0])
+            per = [f"{int(r.budget)} at batch {int(r.batch)} ({r.speedup:.2f}x greedy, tau {r.tau:g})"
+                   for r in m.set_index(m.batch.astype(int)).loc[sorted(set(batches))].itertuples()]
+            models.append(f"{model} on {gpus} GPU{'s' if gpus > 1 else ''}: best budget " + ", ".join(per))
+        lines.append(f"Prefix {int(prefix)}: " + "; ".join(models) + ".")
+    return lines
+
