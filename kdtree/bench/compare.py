@@ -9,20 +9,43 @@ Rows computed from other rows of their run (:func:`derived`: the step model's pr
 eager step that is the sum of its phases, a difference of two phases) are not measurements and
 are left out, counted; their inputs are compared.
 
-The noise model. A change is flagged only when all three hold:
+The noise model. Two runs of the same code on the same machine do not agree point by point:
+clocks, caches, other processes and, on a shared host, bursts of interference (a neighbour on
+the sibling hyperthread makes a host-timed call up to ~1.8x slower for seconds at a time)
+move a point's median further than its own p20-p80 spread says. So the flag holds each
+point against the scatter *between* the two runs, measured on the comparison's own points,
+one family at a time (its notebook, its kernel or table, and its timing mode: a graph-
+replayed kernel and a host-timed engine phase have different noise). For the log ratios
+e = log(b/a) of a family with :data:`MIN_POINTS` compared points or more:
 
-1. the ratio b/a lies outside the union of both runs' p20-p80 spreads, each relative to its
-   median (the noise within a run);
-2. the change is at least :data:`MIN_CHANGE` (5%) and, for times, :data:`MIN_US` (3 us);
-3. the change is beyond :data:`Z` robust standard deviations of the run-to-run scatter seen in
-   this comparison: sigma = 1.4826 x the median absolute deviation of the log ratios of the
-   compared points of the row's family (its notebook, kernel or table, and timing mode) where
-   the family has :data:`MIN_POINTS` points or more. Most points of two runs do not change, so
-   their scatter is the noise between the runs; the band is centred on no change, so a shift
-   of every point still shows. A smaller family takes the scatter of the noisiest family of
-   the same metric and timing mode that shows one (a family too small to show its own noise
-   is assumed no quieter than its noisiest peer); with none, the row has no noise estimate and
-   is not flagged (``n/a``).
+* the family's shift c is their median. A shift of the whole family (every point moved
+  together: the machine drifted, or a change common to every point) is reported once, as
+  the family's shift, when it is at least :data:`MIN_CHANGE` (and :data:`MIN_US` for times)
+  and beyond :data:`Z` standard errors of the median (1.2533 sigma / sqrt(n)); its points
+  are then judged against it;
+* the family's between-run scatter sigma is the larger of the core scatter (1.4826 x the
+  median absolute deviation of e about c, what a Gaussian noise would give) and the tail
+  scatter (the :data:`TAIL_Q` quantile of |e - c| over its normal quantile, 1.2816): the
+  scale within which four points in five agree. It equals the standard deviation for
+  Gaussian noise, and it covers interference that moves up to a fifth of the points or
+  more, where the median absolute deviation (blind to anything that touches fewer than half
+  of them) would call every disturbed point a change. What it assumes: a change that is
+  not common to the whole family touches fewer than one point in five of it; a change to
+  more (a fifth to a half) widens the family's band instead of being flagged point by point,
+  and the family's noise table shows that as a tail scatter well above the core scatter.
+
+A point is flagged slower or faster only when its ratio lies outside all of:
+
+1. the union of both runs' p20-p80 spreads, each relative to its median (the noise within
+   a run);
+2. the minimum change: :data:`MIN_CHANGE` (5%) and, for times, :data:`MIN_US` (3 us);
+3. :data:`Z` (3) sigma of its family's between-run scatter, around no change and around the
+   family's shift where one is reported (a point that moved with its family is not flagged
+   again; a point that stood still while its family moved is not flagged either).
+
+A family with fewer points takes the scatter of the noisiest family of the same metric and
+timing mode (assumed no quieter than its noisiest peer) and no shift; with no such peer the
+row has no noise estimate and is not flagged (``n/a``).
 """
 from __future__ import annotations
 
@@ -48,8 +71,10 @@ DERIVED = {("table", "speedup"): "the step model's prediction from the measured 
            ("phase", "step"): "the sum of the phases (eager and host timing; a replayed step graph is timed)"}
 MIN_CHANGE = 0.05     # relative
 MIN_US = 3.0          # absolute, for times
-Z = 3.0               # robust standard deviations of the between-run scatter
-MIN_POINTS = 8        # fewer compared points of a metric: use the times' scatter
+Z = 3.0               # standard deviations of the between-run scatter
+MIN_POINTS = 8        # fewer compared points in a family: its noisiest peer's scatter
+TAIL_Q = 0.8          # the tail scatter: the scale within which this share of a family's points agree
+_TAIL_NORMAL = 1.2816  # the normal distribution's two-sided TAIL_Q quantile (P(|x| < 1.2816) = 0.8)
 _REP = "_rep"
 
 
@@ -91,27 +116,45 @@ def _text(m: pd.DataFrame, col: str) -> pd.Series:
     return m[col].astype(object).fillna("").astype(str) if col in m.columns else pd.Series("", index=m.index)
 
 
-def between_run_sigma(log_ratio: pd.Series) -> float:
-    """Robust standard deviation of the log ratios (1.4826 x MAD about their median); 0 with
-    no finite value."""
-    v = log_ratio[np.isfinite(log_ratio)]
+def family_noise(log_ratio: pd.Series) -> dict:
+    """The between-run noise of one family from its log ratios (finite values only).
+
+    Returns ``points``, ``shift`` (their median, c), ``core`` (1.4826 x their median absolute
+    deviation about c), ``tail`` (the :data:`TAIL_Q` quantile of their absolute deviation
+    from c over 1.2816) and ``sigma`` (the larger of the two); zeros with no finite value.
+    """
+    v = np.asarray(log_ratio, dtype=float)
+    v = v[np.isfinite(v)]
     if len(v) == 0:
-        return 0.0
-    return float(1.4826 * np.median(np.abs(v - np.median(v))))
+        return {"points": 0, "shift": 0.0, "core": 0.0, "tail": 0.0, "sigma": 0.0}
+    c = float(np.median(v))
+    d = np.abs(v - c)
+    core, tail = 1.4826 * float(np.median(d)), float(np.quantile(d, TAIL_Q)) / _TAIL_NORMAL
+    return {"points": len(v), "shift": c, "core": core, "tail": tail, "sigma": max(core, tail)}
+
+
+def _shift_reported(n: dict, abs_change: float | None) -> bool:
+    """Whether a family's shift is reported: at least :data:`MIN_CHANGE` (and :data:`MIN_US`
+    of median absolute change, for times) and beyond :data:`Z` standard errors of its median."""
+    c = abs(n["shift"])
+    return (n["points"] >= MIN_POINTS and np.expm1(c) >= MIN_CHANGE and c > Z * 1.2533 * n["sigma"] / np.sqrt(n["points"])
+            and (abs_change is None or abs_change >= MIN_US))
 
 
 def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Join two runs' results on :data:`KEYS`; one row per common point and metric.
 
-    Returns the key columns, then ``metric``, ``a``, ``b``, ``ratio`` (b / a), ``flag``
-    (``slower``, ``faster``, ``""`` for no change beyond the noise, ``n/a`` where a value is
-    not positive or the row has no noise estimate), the spreads ``a_p20`` ... ``b_p80`` where
-    the metric has them, the noise band ``band_lo`` / ``band_hi`` the ratio was held against
-    and the ``sigma`` behind it. Sorted flagged first, largest change first. ``attrs["sigma"]``
-    holds the between-run sigma per metric and family (of the families that show one),
-    ``attrs["only_a"]`` /
-    ``attrs["only_b"]`` the rows without a partner, ``attrs["derived"]`` the rows of both runs
-    left out as :func:`derived`.
+    Returns the key columns, then ``metric``, ``family`` (the noise family: notebook/kernel or
+    table/timing mode), ``a``, ``b``, ``ratio`` (b / a), ``flag`` (``slower``, ``faster``,
+    ``""`` for no change beyond the noise, ``n/a`` where a value is not positive or the row has
+    no noise estimate), the spreads ``a_p20`` ... ``b_p80`` where the metric has them, the
+    noise band ``band_lo`` / ``band_hi`` the ratio was held against, the ``sigma`` behind it
+    and ``family_shift`` (the ratio by which the row's whole family moved, where that shift is
+    reported; else NaN). Sorted flagged first, largest change first. ``attrs["sigma"]`` holds
+    the between-run sigma per metric and family (of the families that show one),
+    ``attrs["noise"]`` their :func:`family_noise` (with ``shifted``: the shift is reported),
+    ``attrs["only_a"]`` / ``attrs["only_b"]`` the rows without a partner, ``attrs["derived"]``
+    the rows of both runs left out as :func:`derived`.
 
     Raises
     ------
@@ -128,7 +171,7 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     da, db = derived(a), derived(b)
     n_derived = int(da.sum() + db.sum())
     a, b = a[~da], b[~db]
-    parts, sigma, only = [], {}, {"a": 0, "b": 0}
+    parts, sigma, noise, only = [], {}, {}, {"a": 0, "b": 0}
     for metric in metrics:
         _, unit, higher, spread = METRICS[metric]
         cols = [metric, *(spread or ())]
@@ -147,15 +190,22 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         # each family that shows its scatter is held against it; a smaller one against the
         # noisiest of its timing mode; without either, no estimate.
         fam, mode = _family(m), _text(m, "mode")
-        own = {f: between_run_sigma(log_r[idx]) for f, idx in log_r.groupby(fam).groups.items()
-               if np.isfinite(log_r[idx]).sum() >= MIN_POINTS}
+        fams = {f: family_noise(log_r[idx]) for f, idx in log_r.groupby(fam).groups.items()}
+        own = {f: n for f, n in fams.items() if n["points"] >= MIN_POINTS}
+        for f, n in own.items():
+            sel = (fam == f) & ok
+            n["shifted"] = _shift_reported(n, float((vb - va)[sel].abs().median()) if unit == "us" else None)
         peer = {}
-        for f, s in own.items():
+        for f, n in own.items():
             md = mode[fam == f].iat[0]
-            peer[md] = max(peer.get(md, 0.0), s)
-        s_row = pd.Series([own.get(f, peer.get(md, np.nan)) for f, md in zip(fam, mode)], index=m.index)
+            peer[md] = max(peer.get(md, 0.0), n["sigma"])
+        s_row = pd.Series([own[f]["sigma"] if f in own else peer.get(md, np.nan) for f, md in zip(fam, mode)],
+                          index=m.index)
+        shift = pd.Series([np.exp(own[f]["shift"]) if f in own and own[f]["shifted"] else np.nan for f in fam],
+                          index=m.index)
         if own:
-            sigma[metric] = own
+            sigma[metric] = {f: n["sigma"] for f, n in own.items()}
+            noise[metric] = own
         lo = pd.Series(1.0, index=m.index)
         hi = pd.Series(1.0, index=m.index)
         if spread:
@@ -164,6 +214,8 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
             hi = np.maximum(m[f"{p80}_a"] / va, m[f"{p80}_b"] / vb)
         step = np.maximum(MIN_CHANGE, np.expm1(Z * s_row.fillna(0.0)))
         lo, hi = np.minimum(lo, 1 / (1 + step)), np.maximum(hi, 1 + step)
+        # Beyond the band around no change and around the family's reported shift, both.
+        lo, hi = lo * np.minimum(1.0, shift.fillna(1.0)), hi * np.maximum(1.0, shift.fillna(1.0))
         big = (ratio < lo) | (ratio > hi)
         if unit == "us":
             big &= (vb - va).abs() >= MIN_US
@@ -171,11 +223,12 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         worse = up if not higher else ~up
         known = ok & s_row.notna()
         flag = np.where(~known, "n/a", np.where(big & worse, "slower", np.where(big, "faster", "")))
-        out = m[keys].assign(metric=metric, a=va, b=vb, ratio=ratio, flag=flag)
+        out = m[keys].assign(metric=metric, family=fam.to_numpy(), a=va, b=vb, ratio=ratio, flag=flag)
         if spread:
             out = out.assign(a_p20=m[f"{spread[0]}_a"], a_p80=m[f"{spread[1]}_a"],
                              b_p20=m[f"{spread[0]}_b"], b_p80=m[f"{spread[1]}_b"])
-        parts.append(out.assign(band_lo=lo.where(s_row.notna()), band_hi=hi.where(s_row.notna()), sigma=s_row))
+        parts.append(out.assign(band_lo=lo.where(s_row.notna()), band_hi=hi.where(s_row.notna()), sigma=s_row,
+                                family_shift=shift))
     if not parts:
         raise ValueError(f"compare: the runs have no point in common (joined on {join}; "
                          f"{len(a)} and {len(b)} rows)")
@@ -183,7 +236,7 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     rank = t["flag"].map({"slower": 0, "faster": 1}).fillna(2)
     t = (t.assign(_rank=rank, _size=-np.abs(np.log(t["ratio"])).fillna(0))
          .sort_values(["_rank", "_size"], kind="stable").drop(columns=["_rank", "_size"]).reset_index(drop=True))
-    t.attrs.update(sigma=sigma, only_a=only["a"], only_b=only["b"], keys=keys, derived=n_derived)
+    t.attrs.update(sigma=sigma, noise=noise, only_a=only["a"], only_b=only["b"], keys=keys, derived=n_derived)
     return t
 
 
@@ -206,9 +259,43 @@ def value_text(metric: str, v) -> str:
     return eng(v * 1e-6, "s") if unit == "us" else fmt(v, unit)
 
 
+def _direction(metric: str, ratio: float) -> str:
+    """``slower`` or ``faster`` for a ratio b/a of ``metric`` (above 1 is slower for times)."""
+    return "slower" if (ratio > 1) != METRICS[metric][2] else "faster"
+
+
+def family_table(t: pd.DataFrame) -> pd.DataFrame:
+    """One row per metric and noise family of :func:`compare_table`'s result: points, the
+    family's shift (ratio, and whether it is reported), its core and tail scatter and the sigma
+    used (as relative changes), the band a point must leave (``1 + max(MIN_CHANGE, e^(Z sigma) - 1)``)
+    and the points flagged slower and faster. Families too small to show their scatter are
+    not listed."""
+    rows = []
+    for metric, fams in t.attrs.get("noise", {}).items():
+        for fam, n in fams.items():
+            g = t[(t["metric"] == metric) & (t["family"] == fam)]
+            rows.append({"metric": metric, "family": fam, "points": n["points"], "shift": np.exp(n["shift"]),
+                         "shift reported": bool(n.get("shifted")), "core": np.expm1(n["core"]),
+                         "tail": np.expm1(n["tail"]), "sigma": np.expm1(n["sigma"]),
+                         "band": 1 + max(MIN_CHANGE, float(np.expm1(Z * n["sigma"]))),
+                         "slower": int((g["flag"] == "slower").sum()), "faster": int((g["flag"] == "faster").sum())})
+    return pd.DataFrame(rows, columns=["metric", "family", "points", "shift", "shift reported", "core", "tail",
+                                       "sigma", "band", "slower", "faster"])
+
+
+def shift_lines(t: pd.DataFrame) -> list[str]:
+    """The families whose whole set of points moved together, one line each:
+    ``02_verify/verify_attention/graph: 1.2x slower as a whole (time, 40 points)``."""
+    f = family_table(t)
+    return [f"{r['family']}: {r['shift']:.3g}x {_direction(r['metric'], r['shift'])} as a whole "
+            f"({METRICS[r['metric']][0]}, {r['points']} points)" for _, r in f[f["shift reported"]].iterrows()]
+
+
 def summary(t: pd.DataFrame, top: int = 5) -> dict:
-    """Counts (compared, slower, faster, unchanged, not comparable, only in a / b), the between-run
-    sigma per metric, and the ``top`` largest changes as text lines."""
+    """Counts (compared, slower, faster, unchanged, not comparable, only in a / b; ``with
+    family``: the unchanged rows whose family shifted as a whole), the between-run sigma per
+    metric, the families' shifts (:func:`shift_lines`) and the ``top`` largest changes as text
+    lines."""
     counts = t["flag"].value_counts()
     big = t[np.isfinite(t["ratio"])].assign(_s=lambda d: np.abs(np.log(d["ratio"]))).nlargest(top, "_s")
     verdict = {"": "within noise", "n/a": "not comparable"}
@@ -218,7 +305,8 @@ def summary(t: pd.DataFrame, top: int = 5) -> dict:
     return {"compared": len(t), "slower": int(counts.get("slower", 0)), "faster": int(counts.get("faster", 0)),
             "unchanged": int(counts.get("", 0)), "not comparable": int(counts.get("n/a", 0)),
             "only in a": t.attrs.get("only_a", 0), "only in b": t.attrs.get("only_b", 0),
-            "derived": t.attrs.get("derived", 0), "sigma": t.attrs.get("sigma", {}), "largest": lines}
+            "derived": t.attrs.get("derived", 0), "sigma": t.attrs.get("sigma", {}), "largest": lines,
+            "with family": int(((t["flag"] == "") & t["family_shift"].notna()).sum()), "shifts": shift_lines(t)}
 
 
 def sigma_text(sigma: dict, metric: str | None = None) -> str:
@@ -234,11 +322,17 @@ def sigma_text(sigma: dict, metric: str | None = None) -> str:
 
 
 def rule_text(sigma: dict) -> str:
-    """The flag rule in words, with this comparison's between-run sigma."""
-    return (f"flagged where the ratio is outside both runs' p20-p80 spreads, at least {MIN_CHANGE:.0%} "
-            f"(and {MIN_US:g} us for times) and beyond {Z:g} sigma of the scatter between the runs; sigma "
-            f"per family (notebook, kernel or table, timing mode) where {MIN_POINTS} points or more show it, "
-            f"else the noisiest family of that timing mode, else no estimate (not comparable): "
+    """The noise model and flag rule in words, with this comparison's between-run sigma."""
+    return (f"A point is flagged when its ratio b/a is outside both runs' p20-p80 spreads, at least "
+            f"{MIN_CHANGE:.0%} (and {MIN_US:g} us for times) and beyond {Z:g} sigma of the scatter between "
+            f"the runs, both around no change and around its family's shift where one is reported. Families: "
+            f"notebook, kernel or table, timing mode. Per family with {MIN_POINTS} points or more: the shift is "
+            f"the median log ratio, reported when at least {MIN_CHANGE:.0%} and beyond {Z:g} standard errors; "
+            f"sigma is the larger of 1.4826 x the median absolute deviation and the "
+            f"{100 * TAIL_Q:.0f}th percentile of the absolute deviation / {_TAIL_NORMAL} (the scale within "
+            f"which {100 * TAIL_Q:.0f}% of its points agree: the standard deviation for Gaussian noise, and "
+            f"it covers interference that moves up to a fifth of the points, as on a shared host). A smaller "
+            f"family takes the noisiest family of its timing mode, else it is not comparable. Sigma here: "
             f"{sigma_text(sigma)}. Rows computed from other rows (the step model's predictions, an eager "
             f"step's sum, verify.rest) are not compared")
 
@@ -249,11 +343,15 @@ def summary_text(t: pd.DataFrame, name_a: str, name_b: str, warnings: list[str] 
     lines = [f"WARNING: {w}" for w in warnings]
     lines.append(f"{name_b} against {name_a}: {s['compared']} points compared: {s['faster']} faster, "
                  f"{s['slower']} slower, {s['unchanged']} unchanged"
+                 + (f" ({s['with family']} of them moved with their family's shift)" if s["with family"] else "")
                  + (f", {s['not comparable']} not comparable" if s["not comparable"] else "")
                  + (f"; {s['derived']} derived rows left out" if s["derived"] else "")
                  + (f"; only in {name_a}: {s['only in a']}" if s["only in a"] else "")
                  + (f"; only in {name_b}: {s['only in b']}" if s["only in b"] else ""))
     lines.append(rule_text(s["sigma"]))
+    if s["shifts"]:
+        lines.append("families that moved as a whole (the machine, or a change common to every point):")
+        lines += [f"  {x}" for x in s["shifts"]]
     lines.append("largest changes:")
     lines += [f"  {x}" for x in s["largest"]]
     return "\n".join(lines)

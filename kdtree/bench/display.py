@@ -31,6 +31,13 @@ COLUMNS = {
     "gap_to_ideal": ("gap to ideal (x)", "x", 1.0), "ratio": ("ratio b/a (x)", "x", 1.0),
     "tokens_per_s": ("tokens/s", "", 1.0), "speedup": ("speedup over greedy (x)", "x", 1.0),
     "tau": ("acceptance length (tokens/step)", "", 1.0), "l2": ("L2", "", 1.0), "q_len": ("q_len", "", 1.0),
+    # The engine's throughput table: how far a run followed greedy decoding, and its drafter reference.
+    "steps": ("decode steps", "", 1.0), "lossless": ("output equals greedy", "", 1.0),
+    "agree_ar": ("tokens equal to greedy (%)", "%", 1.0),
+    "first_divergence": ("first token index parting from greedy (-1: none)", "", 1.0),
+    "reference_rounds": ("drafter reference rounds", "", 1.0),
+    "self_consistent": ("drafter reference settled", "", 1.0), "accuracy": ("drafter top-1 accuracy", "", 1.0),
+    "cuda_graph": ("CUDA graph", "", 1.0),
 }
 ENG_UNITS = ("s", "FLOP", "B", "FLOP/s", "B/s", "FLOP/B")
 

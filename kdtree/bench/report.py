@@ -27,10 +27,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from kdtree.bench import compare
+from kdtree.bench import compare, compare_figures
 from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.compare import compare_table
 from kdtree.bench.display import display_table, fmt
+from kdtree.bench.notebook_run import execute_notebook
 from kdtree.bench.roofline import classify
 from kdtree.bench.sweep import DamagedRun, combine_results, latest_run, read_manifest, summary
 
@@ -208,8 +209,6 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
     ``reports/<run-id>/summary.ipynb``: rendering never writes into the run folder.
     Returns the path of ``reports/<run-id>/index.html``.
     """
-    import papermill as pm
-
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     run_ceilings(run_dir)                                   # refuse a run without readable ceilings now
@@ -220,8 +219,9 @@ def render_run(run_dir: str | Path, reports_root: str | Path = "reports", *,
     summary_nb = Path(summary_notebook) if summary_notebook else _repo_notebook(manifest, SUMMARY_NOTEBOOK)
     executed = out / "summary.ipynb"    # beside the pages: rendering never writes into the run folder
     out.mkdir(parents=True, exist_ok=True)
-    pm.execute_notebook(str(summary_nb), str(executed), parameters={"run_dir": "."}, cwd=str(run_dir),
-                        kernel_name=kernel_name, progress_bar=False)
+    # The sweep's quiet executor: kernel over IPC (no TCP warning), its start-up log filtered.
+    execute_notebook(str(summary_nb), str(executed), parameters={"run_dir": "."}, cwd=str(run_dir),
+                     kernel_name=kernel_name, timeout=None, label=f"{run_id} summary")
     pages = {pid for pid, e in manifest["points"].items()
              if e.get("status") in ("ok", "failed") and e.get("output") and (run_dir / e["output"]).exists()}
     publish = publish or _published(out / "run.json")          # once published, a re-render keeps it listed
@@ -321,10 +321,12 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
                  publish: bool = False) -> Path:
     """Render ``reports/compare-<a>-vs-<b>/index.html``: what changed from run a to run b.
 
-    The page leads with the summary (points compared, faster, slower, unchanged, the largest
-    changes, the flag rule and its between-run noise) and a warning when the runs ran on
-    different devices, then a chart of the ratio b/a per point (labelled by point), then the
-    table: key columns, both values, ratio and flag first. The terminal summary is written
+    The page leads with the summary (points compared, faster, slower, unchanged, the families
+    that moved as a whole, the largest changes, the noise model and its thresholds) and a
+    warning when the runs ran on different devices, then two charts of bounded height (the
+    flagged points labelled by point; every point on one row per noise family:
+    :mod:`kdtree.bench.compare_figures`), the noise per family, then the tables: key columns,
+    both values, ratio and flag first. The terminal summary is written
     beside it as ``summary.txt``; ``publish`` lists the comparison in ``reports/index.html``.
 
     Raises
@@ -356,6 +358,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
             + "".join(f'<p class="warning"><b>Warning:</b> {html.escape(w)}</p>' for w in warnings)
             + f"<p><b>{s['compared']} points compared: {s['faster']} faster, {s['slower']} slower, "
               f"{s['unchanged']} unchanged</b>"
+            + (f" ({s['with family']} of them moved with their family's shift)" if s["with family"] else "")
             + (f", {s['not comparable']} not comparable (a value not positive, or no noise estimate)"
                if s["not comparable"] else "")
             + (f"; {s['derived']} rows computed from others left out" if s["derived"] else "")
@@ -363,9 +366,20 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
             + (f"; {s['only in b']} only in {html.escape(idb)}" if s["only in b"] else "")
             + f". Devices: {html.escape(str(dev[0]))} ({html.escape(ida)}), {html.escape(str(dev[1]))} "
               f"({html.escape(idb)}).</p><p>{html.escape(compare.rule_text(s['sigma']))}.</p>"
+            + ("<p>Families that moved as a whole (the machine, or a change common to every point; their "
+               "points are judged against the shift):</p><ul>"
+               + "".join(f"<li>{html.escape(x)}</li>" for x in s["shifts"]) + "</ul>" if s["shifts"] else "")
             + "<p>Largest changes:</p><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in s["largest"]) + "</ul>"
-            + _ratio_chart(t, ida, idb).to_html(full_html=False, include_plotlyjs=False,
-                                                config={"displaylogo": False, "displayModeBar": False})
+            + "".join(fig.to_html(full_html=False, include_plotlyjs=False,
+                                  config={"displaylogo": False, "displayModeBar": False})
+                      for fig in (compare_figures.flagged_chart(t, ida, idb), compare_figures.family_strip(t, ida, idb)))
+            + "<h2>The noise between the runs, per family</h2>"
+              "<p>Per family: its points, the shift of its median (reported or not), the core scatter (from the "
+              f"median absolute deviation), the tail scatter (within which {compare.TAIL_Q:.0%} of its points "
+              "agree), the sigma used (the larger), the band a point must leave to be flagged, and the points "
+              "flagged. A tail scatter well above the core scatter means a part of the family moved: "
+              "interference on the host, or a change to a part of it.</p>"
+            + _table_html(_family_display(compare.family_table(t)))
             + "<h2>Every compared point</h2>"
             + "".join(f"<h3>{html.escape(group)}</h3>" + _table_html(_compare_display(g), row_class=list(g["flag"]))
                       for group, g in _groups(t)))
@@ -379,52 +393,6 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
     return out
 
 
-def _ratio_chart(t: pd.DataFrame, ida: str, idb: str):
-    """The slowdown of every compared point (b/a for times, a/b for rates: above 1 is slower),
-    one row per point, labelled, sorted, coloured by flag, over the no-change line."""
-    import plotly.graph_objects as go
-
-    from kdtree.bench import plots
-
-    d = t[t["ratio"].notna()]
-    higher = d["metric"].map(lambda m: compare.METRICS[m][2])
-    label = compare.point_label(d)
-    label = label + label.groupby(label).cumcount().map(lambda i: f" ({i + 1})" if i else "")   # repeats apart
-    d = d.assign(slowdown=d["ratio"].where(~higher, 1 / d["ratio"]), label=label.to_numpy()).sort_values("slowdown")
-    colors = {"slower": plots.VERMILLION, "faster": plots.BLUE}
-    fig = go.Figure()
-    for flag, g in d.groupby("flag", sort=False):
-        fig.add_trace(go.Scatter(
-            x=g["slowdown"], y=g["label"], mode="markers",
-            name={"": "within noise", "n/a": "not comparable"}.get(flag, flag),
-            marker={"color": colors.get(flag, "#999999"), "size": 8,
-                    "symbol": {"slower": "triangle-right", "faster": "triangle-left",
-                               "n/a": "circle-open"}.get(flag, "circle")},
-            text=[f"{lab}<br>{compare.value_text(m, va)} -> {compare.value_text(m, vb)} (ratio {r:.3g})"
-                  for lab, m, va, vb, r in zip(g["label"], g["metric"], g["a"], g["b"], g["ratio"])],
-            hovertemplate="%{text}<extra></extra>"))
-    if len(d):
-        y0, y1 = d["label"].iat[0], d["label"].iat[-1]
-        fig.add_trace(go.Scatter(x=[1, 1], y=[y0, y1], mode="lines", showlegend=False, hoverinfo="skip",
-                                 meta={"reference": "no change"},
-                                 line={"color": plots.REFERENCE_COLOR, "dash": "longdash"}))
-        fig.add_annotation(x=0, y=y1, xref="x", yref="y", text="no change", showarrow=False, yanchor="bottom",
-                           xanchor="left", font={"size": 11, "color": plots.REFERENCE_COLOR})
-    fig.update_xaxes(type="log", side="top",           # the scale above a chart that may run long
-                     title=f"slowdown of {idb} against {ida} (times b/a, rates a/b; above 1: slower)")
-    fig.update_yaxes(type="category", categoryorder="array", categoryarray=list(d["label"]), automargin=True,
-                     tickfont={"size": 10}, dtick=1, range=[-0.5, len(d) + 0.5])
-    fig.update_layout(template="plotly_white", height=240 + 18 * max(len(d), 4), margin={"t": 150},
-                      title={"text": "What changed, point by point<br><sup>flagged: outside both runs' spreads, "
-                                     f"past {compare.MIN_CHANGE:.0%} and {compare.MIN_US:g} us, and past {compare.Z:g} "
-                                     f"sigma of the scatter between the runs (sigma of the "
-                                     f"{compare.sigma_text(t.attrs['sigma'], 'median_us')})</sup>",
-                             "x": 0.01},
-                      legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1, "yanchor": "top",
-                              "xref": "container", "yref": "container"})
-    return fig
-
-
 def _groups(t: pd.DataFrame):
     """(title, rows) per kernel, and per engine table for the engine's rows, in table order."""
     kernel = t["kernel"] if "kernel" in t.columns else pd.Series(pd.NA, index=t.index)
@@ -432,6 +400,16 @@ def _groups(t: pd.DataFrame):
     group = kernel.fillna(table.map(lambda x: f"engine {x}" if isinstance(x, str) else "other")).fillna("other")
     for name in dict.fromkeys(group):
         yield str(name), t[group == name]
+
+
+def _family_display(f: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kdtree.bench.compare.family_table` for reading: scatters as percentages, ratios as factors."""
+    return pd.DataFrame({
+        "metric": [compare.METRICS[m][0] for m in f["metric"]], "family": f["family"], "points": f["points"],
+        "shift (b/a)": [fmt(v, "x") + ("" if rep else " (not reported)") for v, rep in zip(f["shift"], f["shift reported"])],
+        "core scatter": [fmt(v, "%") for v in f["core"]], "tail scatter": [fmt(v, "%") for v in f["tail"]],
+        "sigma": [fmt(v, "%") for v in f["sigma"]], "band (x)": [fmt(v, "x") for v in f["band"]],
+        "slower": f["slower"], "faster": f["faster"]}).astype(str)
 
 
 def _compare_display(t: pd.DataFrame) -> pd.DataFrame:
@@ -445,6 +423,7 @@ def _compare_display(t: pd.DataFrame) -> pd.DataFrame:
         d[col] = [compare.value_text(m, v) for m, v in zip(t["metric"], t[col])]
     d["ratio b/a"] = [fmt(r, "x") for r in t["ratio"]]
     d["flag"] = t["flag"].replace({"": "-"}).to_numpy()
+    d["family shift"] = [fmt(v, "x") for v in t["family_shift"]]
     for col in ("a_p20", "a_p80", "b_p20", "b_p80"):
         if col in t.columns:
             d[col.replace("_", " ")] = [compare.value_text(m, v) for m, v in zip(t["metric"], t[col])]
