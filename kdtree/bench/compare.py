@@ -24,15 +24,20 @@ e = log(b/a) of a family with :data:`MIN_POINTS` compared points or more:
   and beyond :data:`Z` standard errors of the median (1.2533 sigma / sqrt(n)); its points
   are then judged against it;
 * the family's between-run scatter sigma is the larger of the core scatter (1.4826 x the
-  median absolute deviation of e about c, what a Gaussian noise would give) and the tail
-  scatter (the :data:`TAIL_Q` quantile of |e - c| over its normal quantile, 1.2816): the
-  scale within which four points in five agree. It equals the standard deviation for
-  Gaussian noise, and it covers interference that moves up to a fifth of the points or
-  more, where the median absolute deviation (blind to anything that touches fewer than half
-  of them) would call every disturbed point a change. What it assumes: a change that is
-  not common to the whole family touches fewer than one point in five of it; a change to
-  more (a fifth to a half) widens the family's band instead of being flagged point by point,
-  and the family's noise table shows that as a tail scatter well above the core scatter.
+  median absolute deviation of e about c) and the tail scatter (the :data:`TAIL_Q` quantile
+  of |e - c| over its normal quantile, 1.2816): the scale within which four points in five
+  agree. Both equal the standard deviation for Gaussian noise. Where interference moved
+  more than a fifth of a family's points (on a shared host it comes in bursts of seconds
+  that touch whole stretches of a sweep), the tail scatter lies among the disturbed points
+  and the band spans them; the median absolute deviation, blind to whatever touches fewer
+  than half of the points, would call each of them a change.
+
+What two runs cannot tell apart is a change to a part of a family from interference on that
+part. A change to fewer than a fifth of a family's points is flagged point by point, and so
+is interference on fewer than a fifth (it shows as flagged points of a comparison of
+identical code); a change to more (a fifth to a half) widens the family's band instead of
+being flagged, which the family's noise table shows as a tail scatter well above the core
+scatter, and which no flag hides: the band each family was held to is on the page.
 
 A point is flagged slower or faster only when its ratio lies outside all of:
 
@@ -330,8 +335,8 @@ def rule_text(sigma: dict) -> str:
             f"the median log ratio, reported when at least {MIN_CHANGE:.0%} and beyond {Z:g} standard errors; "
             f"sigma is the larger of 1.4826 x the median absolute deviation and the "
             f"{100 * TAIL_Q:.0f}th percentile of the absolute deviation / {_TAIL_NORMAL} (the scale within "
-            f"which {100 * TAIL_Q:.0f}% of its points agree: the standard deviation for Gaussian noise, and "
-            f"it covers interference that moves up to a fifth of the points, as on a shared host). A smaller "
+            f"which {100 * TAIL_Q:.0f}% of its points agree: the standard deviation for Gaussian noise; where "
+            f"interference on a shared host moved more than a fifth of the points, it spans them). A smaller "
             f"family takes the noisiest family of its timing mode, else it is not comparable. Sigma here: "
             f"{sigma_text(sigma)}. Rows computed from other rows (the step model's predictions, an eager "
             f"step's sum, verify.rest) are not compared")
