@@ -217,6 +217,28 @@ def test_one_table_name_in_two_notebooks_is_two_families():
     assert len(t.attrs["sigma"]["median_us"]) == 2
 
 
+def test_interference_on_some_repetitions_is_not_flagged_and_a_change_of_all_of_them_is():
+    # A tenth of the points met interference during part of their repetitions: median 1.3-1.6x,
+    # p80 2x, the fastest fifth (p20) untouched. Too few to widen the band; the p20 tells them
+    # from a change, which moves every repetition.
+    true = _true()
+    a, b = simulated_run(true, 0.02, 0.01, 17), simulated_run(true, 0.02, 0.01, 18)
+    rng = np.random.default_rng(19)
+    hit = np.flatnonzero(rng.random(len(true)) < 0.1)
+    b.loc[hit, "median_us"] *= rng.uniform(1.3, 1.6, len(hit))
+    b.loc[hit, "p80_us"] *= 2
+    changed = np.setdiff1d(np.arange(0, 400, 20), hit)
+    b.loc[changed, ["median_us", "p20_us", "p80_us"]] *= 1.6
+    t = compare_table(a, b).set_index(["variant", "q_len"])
+    key = lambda idx: list(zip(b["variant"][idx], b["q_len"][idx]))  # noqa: E731
+    assert (t.loc[key(hit), "flag"] == "").all()
+    assert (t.loc[key(changed), "flag"] == "slower").all()
+    # The same medians with every repetition moved (p20 and p80 beside them): flagged.
+    b.loc[hit, "p20_us"], b.loc[hit, "p80_us"] = b.loc[hit, "median_us"] * 0.99, b.loc[hit, "median_us"] * 1.01
+    t = compare_table(a, b).set_index(["variant", "q_len"])
+    assert (t.loc[key(hit), "flag"] == "slower").all()
+
+
 def test_the_charts_stay_legible_at_fifteen_hundred_points():
     # Two GPU runs of the default sweep share ~1400 points: the charts' height must not grow
     # with the points, and every flagged point must still be named.

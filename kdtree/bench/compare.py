@@ -46,7 +46,14 @@ A point is flagged slower or faster only when its ratio lies outside all of:
 2. the minimum change: :data:`MIN_CHANGE` (5%) and, for times, :data:`MIN_US` (3 us);
 3. :data:`Z` (3) sigma of its family's between-run scatter, around no change and around the
    family's shift where one is reported (a point that moved with its family is not flagged
-   again; a point that stood still while its family moved is not flagged either).
+   again; a point that stood still while its family moved is not flagged either);
+
+and, for times, the ratio of the two runs' p20s lies outside the same band on the same side.
+Interference from other processes only adds time, so the fastest fifth of a point's
+repetitions is what it disturbs least (two CPU runs on a shared VM had medians 1.3-1.6x apart
+with p20s within 4%), while a change of the code moves the p20 with the median. A change
+that slows only some repetitions of a point and leaves its p20 is therefore not flagged; it
+shows as a wider spread.
 
 A family with fewer points takes the scatter of the noisiest family of the same metric and
 timing mode (assumed no quieter than its noisiest peer) and no shift; with no such peer the
@@ -222,6 +229,11 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         # Beyond the band around no change and around the family's reported shift, both.
         lo, hi = lo * np.minimum(1.0, shift.fillna(1.0)), hi * np.maximum(1.0, shift.fillna(1.0))
         big = (ratio < lo) | (ratio > hi)
+        if spread:
+            # Interference only adds time: the fastest fifth of a point's repetitions (its p20)
+            # is the least disturbed, and a change of the code moves it with the median.
+            r20 = m[f"{spread[0]}_b"] / m[f"{spread[0]}_a"]
+            big &= ((ratio > hi) & (r20 > hi)) | ((ratio < lo) & (r20 < lo)) | r20.isna()
         if unit == "us":
             big &= (vb - va).abs() >= MIN_US
         up = ratio > 1
@@ -330,7 +342,9 @@ def rule_text(sigma: dict) -> str:
     """The noise model and flag rule in words, with this comparison's between-run sigma."""
     return (f"A point is flagged when its ratio b/a is outside both runs' p20-p80 spreads, at least "
             f"{MIN_CHANGE:.0%} (and {MIN_US:g} us for times) and beyond {Z:g} sigma of the scatter between "
-            f"the runs, both around no change and around its family's shift where one is reported. Families: "
+            f"the runs, both around no change and around its family's shift where one is reported, and for "
+            f"times the ratio of the p20s is beyond the same band too (interference only adds time: the fastest "
+            f"fifth of the repetitions is the least disturbed, and a change of the code moves it). Families: "
             f"notebook, kernel or table, timing mode. Per family with {MIN_POINTS} points or more: the shift is "
             f"the median log ratio, reported when at least {MIN_CHANGE:.0%} and beyond {Z:g} standard errors; "
             f"sigma is the larger of 1.4826 x the median absolute deviation and the "
