@@ -362,7 +362,7 @@ def summary_text(t: pd.DataFrame, name_a: str, name_b: str, warnings: list[str] 
     lines = [f"WARNING: {w}" for w in warnings]
     lines.append(f"{name_b} against {name_a}: {s['compared']} points compared: {s['faster']} faster, "
                  f"{s['slower']} slower, {s['unchanged']} unchanged"
-                 + (f" ({s['with family']} of them moved with their family's shift)" if s["with family"] else "")
+                 + (f" ({s['with family']} of them in families that moved as a whole)" if s["with family"] else "")
                  + (f", {s['not comparable']} not comparable" if s["not comparable"] else "")
                  + (f"; {s['derived']} derived rows left out" if s["derived"] else "")
                  + (f"; only in {name_a}: {s['only in a']}" if s["only in a"] else "")

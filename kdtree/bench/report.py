@@ -358,7 +358,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, reports_root: str | Path 
             + "".join(f'<p class="warning"><b>Warning:</b> {html.escape(w)}</p>' for w in warnings)
             + f"<p><b>{s['compared']} points compared: {s['faster']} faster, {s['slower']} slower, "
               f"{s['unchanged']} unchanged</b>"
-            + (f" ({s['with family']} of them moved with their family's shift)" if s["with family"] else "")
+            + (f" ({s['with family']} of them in families that moved as a whole)" if s["with family"] else "")
             + (f", {s['not comparable']} not comparable (a value not positive, or no noise estimate)"
                if s["not comparable"] else "")
             + (f"; {s['derived']} rows computed from others left out" if s["derived"] else "")
