@@ -4,13 +4,14 @@
 # Reports are rendered afterwards in the checkout (`kdtree report <run-id> --publish --png`): no
 # GPU needed for that. The runner passes the commit it copied (a copied checkout's .git may be
 # stale):
-#   KDTREE_GIT_SHA=<sha> [KDTREE_GIT_DIRTY=0|1] [RUN_ID=h200-YYYYMMDD] [CALL_LIMIT=s] \
+#   KDTREE_GIT_SHA=<sha> [KDTREE_GIT_DIRTY=0|1] [RUN_ID=h200-YYYYMMDD] [RUNS="ids"] [CALL_LIMIT=s] \
 #       [SWEEP_LIMIT=s] [SUITE=1] bash scripts/gpu_showcase.sh [OUT_DIR]
-# The first run gets at most SWEEP_LIMIT seconds, the rerun what is left of CALL_LIMIT (less a
-# reserve for the suite, the compare and the archive). A run cut off keeps its finished points:
-# the same command in the next call (same RUN_ID, on the same machine) resumes both runs where
-# they stopped, then, with SUITE=1, runs the GPU suite and puts its log in both run folders.
-# OUT_DIR gets the logs and runs.tgz (both run folders); `tar xzf runs.tgz` in the checkout.
+# RUNS (default: RUN_ID and RUN_ID-rerun) run in order; the first gets at most SWEEP_LIMIT
+# seconds, the next what is left of CALL_LIMIT (less a reserve for the suite, the compare and the
+# archive). A run cut off keeps its finished points, and naming it in RUNS in the next call
+# resumes it (its folder is unpacked from scratch/<id>.tgz when the machine no longer has it);
+# SUITE=1 then runs the GPU suite and puts its log in every run folder it finds.
+# OUT_DIR gets the logs and runs.tgz (the run folders); `tar xzf runs.tgz` in the checkout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/kdtree_showcase}}
@@ -21,9 +22,12 @@ t0=$(date +%s)
 left() { echo $(( ${CALL_LIMIT:-585} - ($(date +%s) - t0) )); }
 reserve=$(( ${SUITE:-0} == 1 ? 230 : 30 ))
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
-for r in "$rid" "$rid-rerun"; do
+runs=${RUNS:-"$rid $rid-rerun"}
+first=${runs%% *}
+for r in $runs; do
+    [ -d "parameterized_runs/$r" ] || [ ! -f "scratch/$r.tgz" ] || tar xzf "scratch/$r.tgz"
     limit=$(( $(left) - reserve ))
-    [ "$r" = "$rid" ] && [ "$limit" -gt "${SWEEP_LIMIT:-300}" ] && limit=${SWEEP_LIMIT:-300}
+    [ "$r" = "$first" ] && [ "$limit" -gt "${SWEEP_LIMIT:-300}" ] && limit=${SWEEP_LIMIT:-300}
     if [ "$limit" -lt 30 ]; then echo "sweep $r: not started ($limit s left)"; continue; fi
     start=$(date +%s)
     # SIGINT at the limit: finished points are kept, and `--run-id` resumes the rest.
@@ -35,7 +39,7 @@ done
 if [ "${SUITE:-0}" = 1 ]; then
     EXTRA_IMPL=none TREE_BENCH=0 timeout $(( $(left) - 20 )) bash scripts/gpu_suite.sh "$out/suite"
     for r in "$rid" "$rid-rerun"; do
-        [ -d "parameterized_runs/$r" ] && cp "$out/suite/gpu_tests.log" "parameterized_runs/$r/gpu_tests.log"
+        [ ! -d "parameterized_runs/$r" ] || cp "$out/suite/gpu_tests.log" "parameterized_runs/$r/gpu_tests.log"
     done
 fi
 python3 - "$rid" "$rid-rerun" <<'PY' | tee "$out/points.txt"
@@ -49,5 +53,5 @@ for rid in sys.argv[1:]:
         print(f"{rid}  {e['status']:>11}  {e.get('seconds', '-'):>7}  {pid}  {(e.get('error') or '')[:150]}")
 PY
 python3 -m kdtree.cli compare "$rid" "$rid-rerun" 2>&1 | tee "$out/compare.txt" | head -20
-tar czf "$out/runs.tgz" "parameterized_runs/$rid" "parameterized_runs/$rid-rerun" 2>/dev/null
+tar czf "$out/runs.tgz" $(for r in "$rid" "$rid-rerun"; do [ ! -d "parameterized_runs/$r" ] || echo "parameterized_runs/$r"; done)
 ls -la "$out"
