@@ -365,11 +365,14 @@ def test_back_to_back_cpu_runs_flag_under_5_percent_and_see_a_change_beyond_thei
     big = fams[fams["metric"] == "median_us"].sort_values("points").iloc[-1]
     times = t[(t["metric"] == "median_us") & (t["family"] == big["family"])]
     still = times[np.abs(np.log(times["ratio"] / big["shift"])) <= np.log(big["band"]) / 2]
-    picked = still.iloc[9::20]
     fam_b, hit = compare._family(tb), []
+    b_of_family = tb.loc[fam_b == big["family"], "median_us"]
+    # Points named by their times alone (host timings can repeat a value exactly).
+    repeated = times["a"][times["a"].duplicated(keep=False)]
+    still = still[~still["a"].isin(repeated) & still["b"].map(lambda v: (b_of_family == v).sum() == 1)]
+    picked = still.iloc[9::20]
     for _, r in picked.iterrows():
         row = tb.index[(fam_b == r["family"]) & (tb["median_us"] == r["b"])]
-        assert len(row) == 1
         tb.loc[row, ["median_us", "p20_us", "p80_us"]] *= max(2.0, big["band"] ** 2)
         hit.append((r["family"], r["a"]))
     assert len(hit) >= 3
