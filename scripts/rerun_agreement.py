@@ -1,7 +1,7 @@
 """Rerun agreement of two runs of one sweep: every point present in both, and the share of the
 timed points over 50 us whose times agree within 5%, by timing class (device-timed: graph
-replay; host-dispatched: eager launches and host paths, whose times follow the host CPU's
-speed), by kernel and timing mode, with the median ratio of each group (a whole group off by
+replay; host-dispatched: eager launches, host paths and an engine step's host phase, whose
+times follow the host CPU's speed), by kernel and timing mode, with the median ratio of each group (a whole group off by
 the same factor is the machine, not the points' noise), the points that disagree most, and each
 run's rows faster than their roof (fraction above 1.05).
 
@@ -33,6 +33,8 @@ def agreement(run_a: str, run_b: str) -> str:
              f"Points over {FLOOR_US:g} us within {WITHIN:.0%}: {int(big['agree'].sum())} of {len(big)} "
              f"({big['agree'].mean():.1%}).", ""]
     host = big["mode"].isin(["eager", "host"])
+    if "phase" in big:   # an engine step's host phase: the time to issue it, whatever the mode
+        host |= big["phase"].eq("host")
     for name, g in (("device-timed (graph replay)", big[~host]), ("host-dispatched (eager, host)", big[host])):
         if len(g):
             lines.append(f"- {name}: {int(g['agree'].sum())} of {len(g)} within {WITHIN:.0%} ({g['agree'].mean():.1%})")

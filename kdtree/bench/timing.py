@@ -253,12 +253,14 @@ def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup:
 
     ``fns`` are equivalent calls over different inputs; they are used round-robin, so a
     list whose inputs together exceed the L2 keeps it cold. With ``l2="cold"`` the L2 is
-    also flushed before every timed call (the flush is outside the events). The warm-up is
+    also flushed before every timed call (the flush is outside the events, and finished before
+    the call starts: a flush still running when the start event is queued would overlap the
+    call's host dispatch, and a host-bound call would come out faster than its own floor). The warm-up is
     :func:`warm_up`'s (each call synchronised); the timed loop runs with the garbage collector
     off (:class:`QuietGC`).
 
     ``floor``: the same call path at a trivial size (its host floor), timed the same way right
-    after every call, so that both medians see the same host. An eager call is mostly Python
+    after every call (once the call has finished), so that both medians see the same host. An eager call is mostly Python
     dispatch, and the host's speed moves by up to 2x within seconds on a shared VM: a floor
     measured once per run judged later calls against another machine state (eager points came
     out "faster than their floor"). Its median is ``floor_us``.
@@ -274,10 +276,12 @@ def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup:
         for i, ev in enumerate(events):
             if flush is not None:
                 flush()
+                torch.cuda.synchronize()   # else the flush's GPU time hides part of the dispatch
             ev[0].record()
             fns[i % len(fns)]()
             ev[1].record()
             if floor is not None:
+                torch.cuda.synchronize()   # the floor starts on an idle GPU, as the call did
                 ev[2].record()
                 floor()
                 ev[3].record()
