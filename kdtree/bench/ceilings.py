@@ -240,6 +240,9 @@ def eager_floors(reps: int = 200) -> dict[str, float]:
     return {k: time_events([fn], reps=reps, warmup=20).median_us for k, fn in trivial_ops().items()}
 
 
+L2_ATTEMPTS = 3   # resident buffers the L2 read probe tries; the ceiling is the best
+
+
 def _measure_gpu(quick: bool) -> Ceilings:
     p = torch.cuda.get_device_properties(0)
     l2 = int(p.L2_cache_size)
@@ -259,9 +262,14 @@ def _measure_gpu(quick: bool) -> Ceilings:
     torch.cuda.empty_cache()
     probes["hbm_copy"] = _copy_bw(hbm_bytes, "cuda", reps=reps)
     torch.cuda.empty_cache()
-    small = torch.empty(resident // 4, device="cuda").uniform_()
-    probes["l2_read"] = _read_bw(small, passes, reps=reps, l2="warm")
-    del small
+    # The best of L2_ATTEMPTS resident buffers, each newly allocated: one probe gave 6.22 TB/s in
+    # one run and 7.25 in its twin on the same machine minutes later (7.5 in earlier runs).
+    attempts = []
+    for _ in range(L2_ATTEMPTS):
+        small = torch.empty(resident // 4, device="cuda").uniform_()
+        attempts.append(_read_bw(small, passes, reps=reps, l2="warm"))
+        del small
+    probes["l2_read"] = max(attempts)
     best = max(("hbm_read", "hbm_write", "hbm_copy"), key=probes.get)
     x = torch.zeros(1, device="cuda")
     tiny = lambda: x.add_(1)  # noqa: E731
@@ -271,7 +279,8 @@ def _measure_gpu(quick: bool) -> Ceilings:
         "probe:hbm_write": f"write_probe kernel (16-byte stores) over {gib} GiB, L2 flushed, CUDA events",
         "probe:hbm_copy": f"torch copy of {gib} GiB, L2 flushed, CUDA events; read + write bytes",
         "probe:l2_read": f"read_probe kernel, {passes} passes over {resident >> 20} MiB resident in the "
-                         f"{l2 >> 20} MiB L2, warm, CUDA events",
+                         f"{l2 >> 20} MiB L2, warm, CUDA events; best of {L2_ATTEMPTS} buffers ("
+                         + ", ".join(f"{a / 1e12:.3g}" for a in attempts) + " TB/s)",
         "hbm_bw": f"best of the HBM probes: {best} ({probes[best] / 1e12:.3g} TB/s)",
         "l2_bw": "probe:l2_read (L2 -> SM reads of a resident buffer)",
         "tensor_flops": "torch.mm bf16 on random data, CUDA events",
