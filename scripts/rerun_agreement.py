@@ -38,6 +38,7 @@ def agreement(run_a: str, run_b: str) -> str:
     for name, g in (("device-timed (graph replay)", big[~host]), ("host-dispatched (eager, host)", big[host])):
         if len(g):
             lines.append(f"- {name}: {int(g['agree'].sum())} of {len(g)} within {WITHIN:.0%} ({g['agree'].mean():.1%})")
+    lines += _floor_normalised(a, b)
     for run, df in ((run_a, a), (run_b, b)):
         fast = df[pd.to_numeric(df.get("fraction"), errors="coerce") > ROOF_TOL] if "fraction" in df else df.iloc[:0]
         lines.append(f"- {run}: {len(fast)} rows faster than their roof (fraction above {ROOF_TOL})"
@@ -58,6 +59,32 @@ def agreement(run_a: str, run_b: str) -> str:
         cells = ["" if pd.isna(r[k]) else str(r[k]) for k in keys]
         lines.append("| " + " | ".join(cells) + f" | {r['a']:.4g} | {r['b']:.4g} | {r['ratio']:.3f} |")
     return "\n".join(lines)
+
+
+def _floor_normalised(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
+    """Eager points against the host floor timed beside them (``floor_us``): how far the host's
+    own speed explains their disagreement (the floors of the same call path moved with it)."""
+    if "floor_us" not in a or "floor_us" not in b:
+        return []
+    keys = [k for k in ("notebook", "kernel", "variant", "q_len", "prefix", "batch", "heads", "budget", "mode", "l2")
+            if k in a and k in b]
+
+    def eager(t: pd.DataFrame) -> pd.DataFrame:
+        t = t[(t["mode"] == "eager") & t["floor_us"].notna()].copy()
+        t[keys] = t[keys].astype(str)
+        return t.assign(_rep=t.groupby(keys).cumcount())[keys + ["_rep", "median_us", "floor_us"]]
+
+    m = eager(a).merge(eager(b), on=keys + ["_rep"], suffixes=("_a", "_b"))
+    m = m[(m["median_us_a"] >= FLOOR_US) | (m["median_us_b"] >= FLOOR_US)]
+    if m.empty:
+        return []
+    raw = m["median_us_b"] / m["median_us_a"]
+    floor = m["floor_us_b"] / m["floor_us_a"]
+    norm = raw / floor
+    share = lambda r: f"{((r - 1).abs() <= WITHIN).mean():.1%}"  # noqa: E731
+    return [f"- eager points with a host floor timed beside them ({len(m)}): {share(raw)} within {WITHIN:.0%} "
+            f"as timed, {share(norm)} as time over their own floor; the floors themselves moved "
+            f"{floor.quantile(0.1):.2f}-{floor.quantile(0.9):.2f}x (p10-p90) between the runs"]
 
 
 if __name__ == "__main__":
