@@ -276,8 +276,24 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
         p20_us, p80_us, reps, mode, l2. Components: ``attention`` (per layer, at every prefix),
         ``attention_core`` (info: ``verify_attention`` alone), ``moe`` / ``dense_ffn`` (per
         layer of that kind), ``ffn`` (dense models), ``norms``, ``embed_head``, and the decode
-        phases of ``measure_decode_phases``.
+        phases of ``measure_decode_phases``. On a CPU every row is the faster of two passes
+        over all of them.
     """
+    args = (model, batches, budgets, prefixes)
+    kw = dict(drafter=drafter, quick=quick, seed=seed, phases=phases, target=target, core=core)
+    df = _measure_components(*args, **kw)
+    if not torch.cuda.is_available():
+        # Host timings: a second pass a whole measurement later, each row the faster of its two.
+        # Interference on a shared host comes in bursts of seconds that slow every repetition of
+        # the rows they cover (1.6-1.9x, 12 of 148 component rows of one CPU run), and a later
+        # pass misses the burst; the row order is the same in both passes.
+        again = _measure_components(*args, **kw)
+        faster = again["median_us"] < df["median_us"]
+        df.loc[faster] = again.loc[faster]
+    return df
+
+
+def _measure_components(model, batches, budgets, prefixes, *, drafter, quick, seed, phases, target, core):
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     timer = _timer(quick)
