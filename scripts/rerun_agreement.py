@@ -1,8 +1,8 @@
 """Rerun agreement of two runs of one sweep: every point present in both, and the share of the
 timed points over 50 us whose times agree within 5%, by timing class (device-timed: graph
 replay; host-dispatched: eager launches, host paths and an engine step's host phase, whose
-times follow the host CPU's speed), by kernel and timing mode, with the median ratio of each group (a whole group off by
-the same factor is the machine, not the points' noise), the points that disagree most, and each
+times follow the host CPU's speed), by kernel and timing mode, with the median ratio of each
+group (a whole group off by the same factor is the machine, not the points' noise), the points that disagree most, and each
 run's rows faster than their roof (fraction above 1.05).
 
 Usage: python scripts/rerun_agreement.py parameterized_runs/<run-a> parameterized_runs/<run-b>
@@ -13,7 +13,7 @@ import sys
 
 import pandas as pd
 
-from kdtree.bench.compare import compare_table
+from kdtree.bench.compare import _REP, _keys, _numbered, compare_table
 from kdtree.bench.sweep import combine_results
 
 FLOOR_US, WITHIN, WORST, ROOF_TOL = 50.0, 0.05, 15, 1.05
@@ -66,15 +66,13 @@ def _floor_normalised(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
     own speed explains their disagreement (the floors of the same call path moved with it)."""
     if "floor_us" not in a or "floor_us" not in b:
         return []
-    keys = [k for k in ("notebook", "kernel", "variant", "q_len", "prefix", "batch", "heads", "budget", "mode", "l2")
-            if k in a and k in b]
+    keys = [*_keys(a, b), "notebook"]    # joined as compare_table joins a run's points
 
     def eager(t: pd.DataFrame) -> pd.DataFrame:
-        t = t[(t["mode"] == "eager") & t["floor_us"].notna()].copy()
-        t[keys] = t[keys].astype(str)
-        return t.assign(_rep=t.groupby(keys).cumcount())[keys + ["_rep", "median_us", "floor_us"]]
+        t = _numbered(t[(t["mode"] == "eager") & t["floor_us"].notna()], keys)
+        return t[[*keys, _REP, "median_us", "floor_us"]]
 
-    m = eager(a).merge(eager(b), on=keys + ["_rep"], suffixes=("_a", "_b"))
+    m = eager(a).merge(eager(b), on=[*keys, _REP], suffixes=("_a", "_b"))
     m = m[(m["median_us_a"] >= FLOOR_US) | (m["median_us_b"] >= FLOOR_US)]
     if m.empty:
         return []
