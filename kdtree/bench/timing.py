@@ -255,15 +255,15 @@ def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup:
     list whose inputs together exceed the L2 keeps it cold. With ``l2="cold"`` the L2 is
     also flushed before every timed call (the flush is outside the events, and finished before
     the call starts: a flush still running when the start event is queued would overlap the
-    call's host dispatch, and a host-bound call would come out faster than its own floor). The warm-up is
-    :func:`warm_up`'s (each call synchronised); the timed loop runs with the garbage collector
-    off (:class:`QuietGC`).
+    call's host dispatch, and a host-bound call would come out faster than its own floor). The
+    warm-up is :func:`warm_up`'s (each call synchronised); the timed loop runs with the garbage
+    collector off (:class:`QuietGC`).
 
     ``floor``: the same call path at a trivial size (its host floor), timed the same way right
-    after every call (once the call has finished), so that both medians see the same host. An eager call is mostly Python
-    dispatch, and the host's speed moves by up to 2x within seconds on a shared VM: a floor
-    measured once per run judged later calls against another machine state (eager points came
-    out "faster than their floor"). Its median is ``floor_us``.
+    after every call (once the call has finished), so that both medians see the same host. An
+    eager call is mostly Python dispatch, and the host's speed moves by up to 2x within seconds
+    on a shared VM: a floor measured once per run judged later calls against another machine
+    state (eager points came out "faster than their floor"). Its median is ``floor_us``.
     """
     flush = L2Flush() if l2 == "cold" else None
     rotation = itertools.cycle(fns)
