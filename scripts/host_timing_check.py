@@ -1,88 +1,139 @@
-"""Between-pass agreement of host and eager timings on this machine, with the timing settings of
-the previous runs ("old": 3 host calls, no warm-up time, 30 eager calls), the current ones
-("new") and the current ones with torch single-threaded around the host timings ("new1"),
-passes alternating so all see the same machine drift; a pure-Python loop ("calib") shows it.
+"""How reproducible host-dispatched timings are on this machine, and which way of taking them is
+most reproducible: eager calls (CUDA events around a Python call) and host paths (the CPU tree
+builds), each timed in cycles spread over the call, every cycle by two methods:
 
-Prints the machine's CPU limits and, per setting, the share of timings whose two passes agree
-within 5%. Usage: python scripts/host_timing_check.py [OUT.csv]
+  blocked      the sweeps' way: all repetitions of a point back to back (100 eager calls with
+               the floor interleaved; host paths 3 calls and on for 0.25 s)
+  interleaved  ROUNDS rounds over all points, REPS_PER_ROUND repetitions of each per round
+
+Every sample is written (OUT.parquet: cycle, method, point, round, us, floor_us, thread_us), so
+that estimators (median, pooled median, low quartile, min of round medians) can be judged
+offline by how often two cycles agree within 5%. A pure-Python loop is timed at every round
+(the host's speed over time), with the process's involuntary context switches and the
+machine's steal ticks per cycle. Usage: python scripts/host_timing_check.py OUT.parquet [CYCLES]
 """
 from __future__ import annotations
 
-import os
+import resource
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
 import kdtree
-from kdtree.bench import timing
-from kdtree.bench.tree_bench import draft_inputs
+from kdtree.bench import attention_sweep as av
+from kdtree.bench.ceilings import trivial_ops
+from kdtree.bench.timing import L2Flush, QuietGC, warm_up
+from kdtree.bench.tree_bench import agreeing_target, draft_inputs
 from kdtree.tree import build_tree_reference
 
-
-def _cpu_limits() -> str:
-    """CPU count, cgroup quota and throttling, hypervisor steal (ticks), torch threads, load."""
-    quota, stat = Path("/sys/fs/cgroup/cpu.max"), Path("/sys/fs/cgroup/cpu.stat")
-    throttled = " ".join(ln for ln in stat.read_text().splitlines() if "throttled" in ln) if stat.exists() else "n/a"
-    steal = Path("/proc/stat").read_text().splitlines()[0].split()[8] if Path("/proc/stat").exists() else "n/a"
-    return (f"os.cpu_count={os.cpu_count()} affinity={len(os.sched_getaffinity(0))} "
-            f"cgroup cpu.max={quota.read_text().strip() if quota.exists() else 'n/a'} ({throttled}) "
-            f"steal={steal} torch threads={torch.get_num_threads()} loadavg={os.getloadavg()[0]:.2f}")
+ROUNDS, REPS_PER_ROUND = 10, 10
 
 
-def _settings(name: str) -> dict:
-    torch.set_num_threads(1 if name == "new1" else THREADS)
-    if name == "old":
-        timing.WARMUP_S = 0.0
-        return {"host_reps": 3, "eager_reps": 30, "min_s": 0.0}
-    timing.WARMUP_S = 0.01
-    return {"host_reps": 3, "eager_reps": 100, "min_s": 0.25}
+def _steal() -> int:
+    return int(Path("/proc/stat").read_text().splitlines()[0].split()[8])
 
 
-THREADS = torch.get_num_threads()
+def eager_points(dev) -> dict:
+    """name -> (calls, floor, cold): the eager calls of the default sweep's host-bound range."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    floors, pts = trivial_ops(), {}
+    for n, p in ((9, 4096), (33, 4096), (65, 512), (65, 4096)):
+        for variant in ("fused", "cascade"):
+            tree, pl, sets = av.make_sets(1, n, 64, p, 4, dev, gen)
+            fns = [lambda s=s, v=variant, t=tree, pl=pl: av.call(v, *s, pl, t) for s in sets]
+            vfloor = av.trivial_call(variant, dev, gen)[0]
+            pts[f"{variant} N={n} P={p} warm"] = (fns[:1], vfloor, False)
+            pts[f"{variant} N={n} P={p} cold"] = (fns, vfloor, True)
+    for budget in (16, 64, 256):
+        lp, tok = draft_inputs(1, 15, min(budget, 64), dev)
+        pts[f"build B=1 n={budget}"] = ([lambda lp=lp, tok=tok, b=budget: kdtree.build_tree(lp, tok, b, validate=False)],
+                                        floors["build_tree"], False)
+        tree = kdtree.build_tree(lp, tok, budget)
+        target = agreeing_target(tree)
+        pts[f"accept n={budget}"] = ([lambda t=tree, g=target: kdtree.accept_tree(t, g, validate=False)],
+                                     floors["accept_tree"], False)
+    return pts
 
 
-def one_pass(name: str, gpu: bool) -> dict:
-    s = _settings(name)
-    dev = torch.device("cuda" if gpu else "cpu")
-    out = {"host calib python loop": timing.time_host(lambda: sum(range(20000)), reps=3, warmup=1, min_s=0.25).median_us}
-    for b, n in ((1, 16), (1, 64), (1, 256), (8, 64), (8, 256)):
-        lp, tok = draft_inputs(b, 15, n, torch.device("cpu"))
+def host_points() -> dict:
+    pts = {}
+    for budget in (64, 128, 512):
+        lp, tok = draft_inputs(1, 15, min(budget, 64), torch.device("cpu"))
         for path in ("paper", "serving"):
-            out[f"host build cpu_{path} B={b} n={n}"] = timing.time_host(
-                lambda: build_tree_reference(lp, tok, n, path=path), reps=s["host_reps"], warmup=1, min_s=s["min_s"]).median_us
-        if gpu:
-            glp, gtok = lp.to(dev), tok.to(dev)
-            fn = lambda: kdtree.build_tree(glp, gtok, n, validate=False)  # noqa: E731
-            out[f"eager build B={b} n={n}"] = timing.time_events([fn], reps=s["eager_reps"]).median_us
+            pts[f"cpu_{path} n={budget}"] = lambda lp=lp, tok=tok, b=budget, p=path: build_tree_reference(lp, tok, b, path=p)
+    pts["calib python loop"] = lambda: sum(range(20000))
+    return pts
+
+
+def time_eager(calls, floor, cold, reps, flush) -> list[tuple[float, float]]:
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(reps)]
+    with QuietGC():
+        for i, e in enumerate(ev):
+            if cold:
+                flush()
+                torch.cuda.synchronize()
+            e[0].record()
+            calls[i % len(calls)]()
+            e[1].record()
+            torch.cuda.synchronize()
+            e[2].record()
+            floor()
+            e[3].record()
+        torch.cuda.synchronize()
+    return [(e[0].elapsed_time(e[1]) * 1e3, e[2].elapsed_time(e[3]) * 1e3) for e in ev]
+
+
+def time_hostpath(fn, reps, min_s) -> list[tuple[float, float]]:
+    out, end = [], time.perf_counter() + min_s
+    with QuietGC():
+        while len(out) < reps or time.perf_counter() < end:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            out.append(((time.perf_counter() - t0) * 1e6, (time.thread_time() - c0) * 1e6))
     return out
 
 
-def main(out_csv: str | None) -> None:
-    gpu = torch.cuda.is_available()
-    print(_cpu_limits(), flush=True)
-    passes = []
-    t0 = time.perf_counter()
-    for name in ("old", "new", "new1") * 2:
-        passes.append((name, one_pass(name, gpu)))
-        print(f"pass {name}: calib {passes[-1][1]['host calib python loop']:.1f} us; {_cpu_limits()}", flush=True)
-    rows = []
-    for setting in ("old", "new", "new1"):
-        a, b = [p for n, p in passes if n == setting]
-        for k in a:
-            rows.append({"setting": setting, "timing": k, "a_us": a[k], "b_us": b[k], "ratio": b[k] / a[k]})
+def one_cycle(cycle: int, method: str, eager: dict, host: dict, flush, rows: list) -> None:
+    def add(point, rnd, samples, kind):
+        for a, b in samples:
+            rows.append({"cycle": cycle, "method": method, "point": point, "round": rnd, "kind": kind, "us": a,
+                         ("floor_us" if kind == "eager" else "thread_us"): b, "t": time.time()})
+
+    rounds = 1 if method == "blocked" else ROUNDS
+    for r in range(rounds):
+        for name, (calls, floor, cold) in eager.items():
+            if r == 0:
+                warm_up(lambda: (calls[0](), floor()), 3, sync=True)
+            add(name, r, time_eager(calls, floor, cold, 100 if method == "blocked" else REPS_PER_ROUND, flush), "eager")
+        for name, fn in host.items():
+            if r == 0:
+                warm_up(fn, 1)
+            add(name, r, time_hostpath(fn, 3, 0.25) if method == "blocked" else time_hostpath(fn, 1, 0.025), "host")
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    cycles = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    dev = torch.device("cuda")
+    eager, host, flush = eager_points(dev), host_points(), L2Flush()
+    rows, log = [], []
+    for c in range(cycles):
+        for method in (("blocked", "interleaved") if c % 2 == 0 else ("interleaved", "blocked")):
+            t0, s0, cs0 = time.time(), _steal(), resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+            one_cycle(c, method, eager, host, flush, rows)
+            log.append(f"cycle {c} {method}: {time.time() - t0:.1f} s, steal ticks {_steal() - s0}, "
+                       f"involuntary switches {resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - cs0}")
+            print(log[-1], flush=True)
     df = pd.DataFrame(rows)
-    df["within_5pct"] = (df["ratio"] - 1).abs() <= 0.05
-    df["kind"] = df["timing"].str.split().str[0]
-    print(f"{time.perf_counter() - t0:.1f} s; {_cpu_limits()}")
-    print(df.groupby(["kind", "setting"]).agg(n=("ratio", "size"), within_5pct=("within_5pct", "mean"),
-                                             median_dev=("ratio", lambda r: float(np.median((r - 1).abs())))).to_string())
-    if out_csv:
-        df.to_csv(out_csv, index=False)
+    prev = pd.read_parquet(out) if out.exists() else None
+    if prev is not None:   # a second batch of cycles later in the same call
+        df["cycle"] += prev["cycle"].max() + 1
+        df = pd.concat([prev, df])
+    df.to_parquet(out)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    main()
