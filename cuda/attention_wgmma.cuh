@@ -6,6 +6,12 @@
 
 #include "attention_common.cuh"
 
+// The 128-byte tensor map (CUtensorMap) a host encoded, passed by value as a __grid_constant__
+// kernel parameter; its generic address is what the copy engine reads.
+struct __align__(64) AttTensorMap {
+  att_u64 w[16];
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // Shared-memory matrix descriptor: start address, leading / stride byte offsets, 128B swizzle.
@@ -109,6 +115,39 @@ __device__ __forceinline__ void nb_sync(int id, int count) {
 }
 __device__ __forceinline__ void nb_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// The TMA / mbarrier-ring primitives of the v6 kernel (verify_attention_tma.cu).
+// Makes barrier initialisation visible to the async proxy (the copy engine's complete_tx).
+__device__ __forceinline__ void mb_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Arrive on `bar` (release, CTA scope) without waiting.
+__device__ __forceinline__ void mb_arrive(att_u32 bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrive on `bar` and add `bytes` to the transaction count its current phase waits for.
+__device__ __forceinline__ void mb_arrive_expect_tx(att_u32 bar, att_u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const AttTensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<att_u64>(map)) : "memory");
+}
+// Copy engine: the box at (column x, row y) of a 2D tensor map into shared memory at dst, laid out
+// with the map's swizzle (elements outside the tensor read as zero); its bytes count toward the
+// transaction count of mbarrier `bar`.
+__device__ __forceinline__ void tma_load_2d(att_u32 dst, const AttTensorMap* map, att_u32 bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<att_u64>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+// Register budget of the calling warpgroup (all its threads, a multiple of 8 in 24..256).
+template <int REGS>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

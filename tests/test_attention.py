@@ -4,6 +4,7 @@ Tolerances: relative Frobenius error of out <= 1e-2 (bf16 output), lse absolute 
 <= 1e-3, the -inf pattern of lse equal (rows that see no key), outputs poisoned with NaN first so
 an unwritten element fails, never NaN.
 """
+import ctypes
 import math
 import os
 import random
@@ -19,6 +20,7 @@ import kdtree.kernels
 from attention_cases import LSE_TOL, REL_TOL, available_kernels, random_case, tree_to
 from kdtree.attention import (D_QK, D_V, choose_splits, errors, launch_plan, reference_attention,
                               rows_n_tile, verify_attention, _run_cuda)
+from kdtree.tensor_map import bf16_matrix_map
 from kdtree.tree import Tree
 
 SCALE = 1 / math.sqrt(192)
@@ -175,6 +177,43 @@ def test_choose_splits():
     assert choose_splits(blocks=1, kv_rows=10, num_sms=132) == 1          # one tile: nothing to split
 
 
+def test_tensor_map_arguments_and_by_value_buffer():
+    """The kv map the tma kernels take: a [B S, 576] bf16 matrix, 64 x 64 boxes, 128-byte swizzle,
+    zero fill, encoded into a 64-byte aligned one-element 128-byte array (CuPy's by-value path)."""
+    seen = {}
+
+    def encode(dst, dtype, rank, addr, dims, strides, box, elem, interleave, swizzle, l2, oob):
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        seen.update(dst=dst, dtype=dtype, rank=rank, addr=addr, dims=tuple((u64 * 2).from_address(dims)),
+                    strides=tuple((u64 * 1).from_address(strides)), box=tuple((u32 * 2).from_address(box)),
+                    elem=tuple((u32 * 2).from_address(elem)), modes=(interleave, swizzle, l2, oob))
+        (ctypes.c_uint8 * 128).from_address(dst)[:] = bytes(range(128))
+        return 0
+
+    m = bf16_matrix_map(0x7F0000001000, 3 * 4129, D_QK, 2 * D_QK, 64, 64, encode=encode)
+    assert m.shape == (1,) and m.dtype.itemsize == 128 and m.ctypes.data % 64 == 0 == seen["dst"] % 64
+    assert m.ctypes.data == seen["dst"] and m.tobytes() == bytes(range(128))
+    assert (seen["dtype"], seen["rank"], seen["addr"]) == (9, 2, 0x7F0000001000)
+    assert seen["dims"] == (D_QK, 3 * 4129) and seen["strides"] == (2 * D_QK,)
+    assert seen["box"] == (64, 64) and seen["elem"] == (1, 1) and seen["modes"] == (0, 3, 3, 0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(address=0x1008), "address: expected a multiple of 16"),
+    (dict(row_stride_bytes=1000), "row_stride_bytes: expected a multiple of 16"),
+    (dict(row_stride_bytes=1136), "row_stride_bytes: expected a multiple of 16 of at least 1152"),
+    (dict(rows=0), "rows, cols: expected"),
+    (dict(box_rows=257), "box_rows: expected"),
+    (dict(box_cols=72), "box_cols: expected a multiple of 8 up to 64"),
+])
+def test_tensor_map_rejects_bad_arguments(kwargs, message):
+    args = dict(address=0x1000, rows=100, cols=D_QK, row_stride_bytes=2 * D_QK, box_rows=64, box_cols=64) | kwargs
+    with pytest.raises(ValueError, match=message):
+        bf16_matrix_map(**args, encode=lambda *a: pytest.fail("encoded a bad map"))
+    with pytest.raises(RuntimeError, match=r"cuTensorMapEncodeTiled failed \(CUresult 1\)"):
+        bf16_matrix_map(0x1000, 100, D_QK, 2 * D_QK, 64, 64, encode=lambda *a: 1)
+
+
 def test_rows_n_tile():
     """Fewest blocks of at most 64 rows, evened out, 8-row groups; never more than rows_m's."""
     for rows in range(1, 3000):
@@ -223,9 +262,9 @@ def test_launch_plan_rows_n_only_where_it_runs():
         launch_plan("fused", layout="cols", **kw)
 
 
-@pytest.mark.parametrize("impl", ["pingpong", "pingpong_seq"])
+@pytest.mark.parametrize("impl", ["pingpong", "pingpong_seq", "tma", "tma_seq"])
 def test_launch_plan_pingpong(impl):
-    """The v5 kernels keep the rows_m plan (64-row tiles, the same splits and partial slots as
+    """The v5 and v6 kernels keep the rows_m plan (64-row tiles, the same splits and partial slots as
     wgmma) and refuse the rows_n layout."""
     kw = dict(batch=4, nodes=129, heads=64, kv_rows=16384 + 129, num_sms=132)
     for variant in ("fused", "cascade"):
@@ -238,7 +277,8 @@ def test_launch_plan_pingpong(impl):
         launch_plan("fused", impl="ping", **kw)
 
 
-@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n", "verify_attention_pingpong"])
+@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n", "verify_attention_pingpong",
+                                  "verify_attention_tma"])
 def test_wgmma_kernels_keep_registers(name, tmp_path):
     """ptxas for sm_90a: no spills, and no wgmma serialised for want of registers (C7511)."""
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
@@ -385,6 +425,150 @@ def test_pingpong_protocol_model_catches_one_barrier_for_both_directions():
             _pingpong_run(2, True, seed, split_barriers=False)
 
 
+# The synchronisation of cuda/verify_attention_tma.cu as a model: the producer's and the two consumer
+# warpgroups' programs (each warpgroup one arrival unit) over mbarriers with the hardware's parity
+# wait (a wait for phase k passes when the completed-phase count has the other parity, so a barrier
+# two phases away from the waiter would pass or block wrongly: every passing wait checks that
+# exactly phase k completed), TMA boxes landing at random times, random interleavings. Every read
+# checks the stage, P, alpha and running max hold the tile it expects (tail rows zeroed before any
+# read), every producer overwrite that no wgmma still reads the stage.
+
+class _MBarrier:
+    """An mbarrier: a phase completes when `count` arrivals and every expected byte are in."""
+
+    def __init__(self, count):
+        self.count, self.arrived, self.tx, self.phases = count, 0, 0, 0
+
+    def arrive(self, tx=0):
+        self.arrived += 1
+        self.tx += tx
+        assert self.arrived <= self.count, "more arrivals than the barrier's count in one phase"
+        self._complete()
+
+    def complete_tx(self, nbytes):
+        self.tx -= nbytes
+        self._complete()
+
+    def _complete(self):
+        if self.arrived == self.count and self.tx == 0:
+            self.phases, self.arrived = self.phases + 1, 0
+
+    def passes(self, phase):
+        return self.phases % 2 != phase % 2
+
+
+def _tma_run(n, early, seed, bug=None, tail=True):
+    rnd = random.Random(seed)
+    bars = {("full", s): _MBarrier(1) for s in (0, 1)}
+    bars |= {("empty", s): _MBarrier(2) for s in (0, 1)}
+    bars |= {(name, w): _MBarrier(1) for name in ("pub", "free") for w in (0, 1)}
+    stage = {0: None, 1: None}  # (tile, landed, tail rows zeroed)
+    landing, inflight = [], {0: [], 1: []}
+    shared = {"P": None, "alpha": None, "max": -1}
+    last_is_tail = tail and n > 0
+
+    def wait(name, idx, phase):
+        yield ("wait", bars[(name, idx)], phase, f"{name}[{idx}]")
+
+    def read(who, kind, tile):
+        st = stage[tile & 1]
+        want_zero = last_is_tail and tile == n - 1
+        assert st == (tile, True, want_zero), f"{who} {kind}({tile}) reads stage {tile & 1} holding {st}"
+        assert kind == "QK" or shared["P"] == tile, f"{who} PV({tile}) reads P({shared['P']})"
+
+    def producer():
+        for i in range(n):
+            s = i & 1
+            if i >= 2 and bug != "no_empty_wait":
+                yield from wait("empty", s, (i >> 1) - 1)
+            assert not any(t & 1 == s for w in (0, 1) for _, t in inflight[w]), f"tile {i} overwrites a read stage"
+            stage[s] = (i, False, False)
+            bars[("full", s)].arrive(tx=9)
+            landing.append(i)
+            yield ("step",)
+
+    def consumer(wg):
+        def qk(i):
+            yield from wait("full", i & 1, i >> 1)
+            if last_is_tail and i == n - 1:
+                t, landed, _ = stage[i & 1]
+                stage[i & 1] = (t, landed, True)
+            read(f"wg{wg}", "QK", i)
+            inflight[wg].append(("QK", i))
+
+        def wait_all():
+            for kind, t in inflight[wg]:
+                read(f"wg{wg}", kind, t)
+            inflight[wg].clear()
+            yield ("step",)
+
+        for i in range(n):
+            s = i & 1
+            if s == wg:
+                if not early or i == 0:
+                    yield from qk(i)
+                yield from wait_all()
+                if i > 0 and bug != "no_free_wait":
+                    yield from wait("free", 1 - wg, (i - 1) >> 1)
+                assert shared["max"] == i - 1, f"wg{wg} tile {i} reads the running max of tile {shared['max']}"
+                assert not any(k == "PV" for k, _ in inflight[1 - wg]), f"wg{wg} writes P({i}) under a P V"
+                shared.update(P=i, alpha=i, max=i)
+                bars[("pub", wg)].arrive()
+                yield from wait("pub", wg, i >> 1)
+            else:
+                if early and i + 1 < n:
+                    yield from qk(i + 1)
+                yield from wait("pub", s, i >> 1)
+                yield from wait("full", s, i >> 1)
+                assert shared["alpha"] == i, f"wg{wg} tile {i} reads alpha of tile {shared['alpha']}"
+            read(f"wg{wg}", "PV", i)
+            inflight[wg].append(("PV", i))
+            yield ("step",)
+            yield from wait_all()
+            if s == wg and i + 1 < n:
+                bars[("free", wg)].arrive()
+            bars[("empty", s)].arrive()
+            yield ("step",)
+
+    progs = {"producer": producer(), 0: consumer(0), 1: consumer(1)}
+    req = {p: next(g, None) for p, g in progs.items()}
+    while any(r is not None for r in req.values()):
+        if landing and rnd.random() < 0.3:
+            t = landing.pop(rnd.randrange(len(landing)))
+            assert stage[t & 1] == (t, False, False), f"tile {t} lands in stage {t & 1} holding {stage[t & 1]}"
+            stage[t & 1] = (t, True, False)
+            bars[("full", t & 1)].complete_tx(9)
+            continue
+        ready = [p for p, r in req.items() if r is not None and (r[0] == "step" or r[1].passes(r[2]))]
+        if not ready:
+            assert landing, f"deadlock at n={n}: {req}"
+            continue
+        p = rnd.choice(ready)
+        if req[p][0] == "wait":
+            _, bar, phase, name = req[p]
+            assert bar.phases == phase + 1, f"{p} waited for phase {phase} of {name}, {bar.phases} completed"
+        req[p] = next(progs[p], None)
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["tma", "tma_seq"])
+@pytest.mark.parametrize("tail", [True, False], ids=["tail", "whole"])
+def test_tma_protocol_model(early, tail):
+    """No deadlock, no barrier a phase off its waiter, no stale, overwritten or unzeroed data."""
+    for n in range(0, 12):
+        for seed in range(60):
+            _tma_run(n, early, seed, tail=tail)
+
+
+@pytest.mark.parametrize("bug, message", [("no_empty_wait", "overwrites a read stage|reads stage|lands in|more arrivals"),
+                                          ("no_free_wait", "under a P V|reads P|alpha of tile|running max")])
+def test_tma_protocol_model_catches_a_missing_wait(bug, message):
+    """The model fails the protocol without the producer's empty wait or the owner's free wait."""
+    with pytest.raises(AssertionError, match=message):
+        for seed in range(200):
+            for n in (3, 5):
+                _tma_run(n, True, seed, bug=bug)
+
+
 # ---------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu
@@ -439,7 +623,9 @@ def test_rows_n_matches_reference(case, splits, gen):
 
 KERNELS = [("fused", "mma", "rows_m"), ("fused", "wgmma", "rows_m"), ("fused", "wgmma", "rows_n"),
            ("fused", "pingpong", "rows_m"), ("fused", "pingpong_seq", "rows_m"),
-           ("cascade", "mma", None), ("cascade", "wgmma", None), ("cascade", "pingpong", None)]
+           ("fused", "tma", "rows_m"), ("fused", "tma_seq", "rows_m"),
+           ("cascade", "mma", None), ("cascade", "wgmma", None), ("cascade", "pingpong", None),
+           ("cascade", "tma", None)]
 
 
 @gpu
@@ -505,11 +691,12 @@ def test_device_mismatch_raises(gen):
 # through named barriers (bar.arrive by the writer, bar.sync by the reader); racecheck reports
 # those reads as hazards on the H200 although every result matches float64. Until the handoff
 # moves to mbarriers (or racecheck is shown to miss arrive/sync ordering) the two runs are
-# expected failures, strict: a clean racecheck makes them fail, so the mark must then go.
+# expected failures, strict: a clean racecheck makes them fail, so the mark must then go. The v6
+# tma kernels make every handoff an mbarrier arrive / wait: their racecheck is expected clean.
 _RACECHECK_OPEN = pytest.mark.xfail(strict=True, reason="racecheck reports the named-barrier handoff "
                                     "of the opt-in pingpong kernels (docs/perf_log.md, v5)")
 _SANITIZED = [(tool, kernel, _RACECHECK_OPEN) if tool == "racecheck" and kernel.startswith("pingpong") else
-              (tool, kernel, ()) for kernel in ("mma", "wgmma", "rows_n", "pingpong", "pingpong_seq")
+              (tool, kernel, ()) for kernel in ("mma", "wgmma", "rows_n", "pingpong", "pingpong_seq", "tma", "tma_seq")
               for tool in ("memcheck", "racecheck", "synccheck")]
 
 

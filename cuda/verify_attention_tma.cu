@@ -1,0 +1,254 @@
+// verify_fused on wgmma (sm_90a), v6: v5's alternate-tile ping-pong of two consumer warpgroups
+// (cuda/verify_attention_pingpong.cu), fed by a producer warpgroup through the copy engine (TMA)
+// and synchronised by mbarriers only. Same function, block tile (64 rows x 64 KV rows), Q / KV
+// shared-memory layout, split/partial protocol and combine as verify_fused_wgmma; one extra
+// argument, the tensor map of kv viewed as a [B S, 576] bf16 matrix (box 64 rows x 64 columns,
+// 128-byte swizzle: a box lands as one k-block of the K-major SW128 tile the wgmma descriptors
+// read). Built with nvcc for sm_90a, empty elsewhere.
+//
+// 384 threads: warpgroups 0 and 1 consume (v5's roles), warpgroup 2 produces. setmaxnreg moves
+// registers from the producer (24) to the consumers (240).
+//
+// Producer (one thread): tile i of the split goes to KV stage i & 1: wait until both consumers
+// released the stage's previous tile (empty[i & 1], 256 arrivals), arrive on full[i & 1] with the
+// tile's 73728 bytes as expected transactions, issue 9 TMA boxes (column blocks 0..8) completing
+// on it.
+//
+// Consumers: tile i is owned by warpgroup i & 1 (S of all 64 rows x 64 KV columns, 36 wgmma
+// m64n64k16, the masked online softmax of whole rows, P into the shared P tile, the running
+// max sM and the rescale sAlpha); both accumulate O += P V over their 256 value columns.
+//   full[s]:  the tile in stage s has landed (the owner waits before S, the other before P V);
+//   pub[w]:   warpgroup w (128 arrivals) published P, sAlpha and sM of its tile; both wait on
+//             it before P V (the owner too: its own 128 threads' P stores, fenced for wgmma);
+//   free[w]:  warpgroup w finished the P V of its tile, so P (single-buffered) and sAlpha may be
+//             overwritten; the owner of the next tile waits before it writes them;
+//   empty[s]: every consumer thread arrives after its last read of stage s (its P V of the tile).
+// Every handoff is an mbarrier arrive (release) / try_wait (acquire); no named barrier orders
+// data between the two warpgroups. A barrier never runs two phases ahead of a waiter: each
+// next arrival on it needs, transitively, the waiter's wait (the model in
+// tests/test_attention.py checks it under random interleavings).
+//
+// Rows of the last tile past the KV range end are zeroed by the tile's owner after it landed
+// (TMA fills only rows outside the whole [B S] tensor with zeros; rows of later positions or
+// sequences are real memory, possibly not finite, and V rows multiply P = 0): st.shared, fenced
+// for the async proxy, then a barrier of the owner warpgroup before its S; the other warpgroup
+// reads the tile after pub. Q comes in by cp.async from the consumers (rows past N H zero-filled).
+#include "attention_common.cuh"
+#include "attention_tile.cuh"
+#include "attention_wgmma.cuh"
+
+#define TMA_THREADS 384
+#define TMA_PRODUCER_REGS 24
+#define TMA_CONSUMER_REGS 240
+#define TMA_NB_CONSUMERS 1  // named barrier: the 256 consumer threads (Q landed; epilogue)
+#define TMA_NB_WG 2         // + warpgroup: the 128 threads of one consumer warpgroup (tail zeroing)
+#define TMA_BOX_BYTES (FUSED_BN * 128)  // one 64-row x 64-column box
+
+// Shared memory: Q, two KV stages, one P tile, fp32 rows sM [BM], sAlpha [BM], sRed [2][BM], then
+// eight mbarriers: full[2], empty[2], pub[2], free[2].
+#define TMA_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 4 * FUSED_BM * 4 + 8 * 8 + 1024)
+#define TMA_FULL 0
+#define TMA_EMPTY 2
+#define TMA_PUB 4
+#define TMA_FREE 6
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Wait for tile i in its stage; zero its rows past the KV range end (owner warpgroup wg, all 128
+// threads); issue S = Q K^T into s (36 wgmma m64n64k16, one group, not waited for).
+__device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV, att_u32 sBar,
+                                       const FusedBlock& k, int i, int wg, int wtid) {
+  const int st = i & 1;
+  const att_u32 sK = sKV + st * FUSED_SMEM_KV;
+  mb_wait(sBar + 8 * (TMA_FULL + st), (i >> 1) & 1);
+  const int valid = k.hi - (k.lo + (k.kt0 + i) * FUSED_BN);
+  if (valid < FUSED_BN) {
+    for (int c = wtid; c < (FUSED_BN - valid) * QK_CHUNKS; c += 128) {
+      const int r = valid + c / QK_CHUNKS, cg = c % QK_CHUNKS;
+      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(sK + fused_off(r, cg, FUSED_BN)), "r"(0)
+                   : "memory");
+    }
+    att_fence_proxy_async();
+    nb_sync(TMA_NB_WG + wg, 128);
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+  wg_pin<32>(&s[0][0]);
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
+    const att_u32 blk = (ks >> 2) * 128 * FUSED_BN, kk = (ks & 3) * 32;
+    wg_mma<64, 0>(&s[0][0], wg_desc(sQ + blk + kk, 16, 1024), wg_desc(sK + blk + kk, 16, 1024));
+  }
+  wg_commit();
+}
+
+// The producer thread: every tile of the split through the two-stage ring.
+__device__ __forceinline__ void tma_produce(const AttTensorMap* map, att_u32 sKV, att_u32 sBar, const FusedBlock& k,
+                                           int S, int n) {
+  tma_prefetch_map(map);
+  const int row0 = k.b * S + k.lo + k.kt0 * FUSED_BN;
+  for (int i = 0; i < n; ++i) {
+    const int st = i & 1;
+    if (i >= 2) mb_wait(sBar + 8 * (TMA_EMPTY + st), ((i >> 1) - 1) & 1);  // tile i - 2 released
+    const att_u32 full = sBar + 8 * (TMA_FULL + st), stage = sKV + st * FUSED_SMEM_KV;
+    mb_arrive_expect_tx(full, FUSED_SMEM_KV);
+#pragma unroll
+    for (int cb = 0; cb < ATT_D_QK / 64; ++cb)
+      tma_load_2d(stage + cb * TMA_BOX_BYTES, map, full, 64 * cb, row0 + i * FUSED_BN);
+  }
+}
+
+template <bool EARLY>
+__device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16* __restrict__ q,
+                                         const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
+                                         att_bf16* __restrict__ out, float* __restrict__ lse,
+                                         float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
+                                         int N, int H, int W, int splits, int slot0, int mode, float scale_log2) {
+  static_assert(FUSED_BM == 64 && FUSED_BN == 64 && FUSED_THREADS == 256 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
+                "verify_fused_tma: 2 consumer warpgroups, 64 x 64 tiles, 256 value columns each, 9 column blocks");
+  static_assert(TMA_SMEM_BYTES <= 232448, "shared memory");
+  static_assert(FUSED_SMEM_KV == 9 * TMA_BOX_BYTES, "a stage is 9 boxes");
+  static_assert(2 * 128 * TMA_CONSUMER_REGS + 128 * TMA_PRODUCER_REGS <= 65536, "register file");
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = fused_smem_base(smem_raw);
+  float* sM = reinterpret_cast<float*>(smem + FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P);
+  float* sAlpha = sM + FUSED_BM;
+  float* sRed = sAlpha + FUSED_BM;
+  const att_u32 sQ = att_smem_addr(smem);
+  const att_u32 sKV = sQ + FUSED_SMEM_Q;
+  const att_u32 sP = sKV + 2 * FUSED_SMEM_KV;
+  const att_u32 sBar = att_smem_addr(sRed + 2 * FUSED_BM);  // 8 bytes each: full, empty, pub, free [2]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wtid = tid & 127;
+  const FusedBlock k = fused_block(prefix_lens, S, N, H, splits, mode);
+  const int n = k.kt1 - k.kt0;  // tiles of this split
+
+  if (tid == 0) {
+    for (int s = 0; s < 2; ++s) {
+      mb_init(sBar + 8 * (TMA_FULL + s), 1);
+      mb_init(sBar + 8 * (TMA_EMPTY + s), 256);
+      mb_init(sBar + 8 * (TMA_PUB + s), 128);
+      mb_init(sBar + 8 * (TMA_FREE + s), 128);
+    }
+    mb_init_fence();
+  }
+  if (tid < FUSED_BM) sM[tid] = ATT_NEG_INF;
+  __syncthreads();  // barriers initialised, sM set
+
+  if (wg == 2) {  // producer warpgroup
+    regs_dec<TMA_PRODUCER_REGS>();
+    if (wtid == 0) tma_produce(map, sKV, sBar, k, S, n);
+  } else {  // consumer warpgroups
+    regs_inc<TMA_CONSUMER_REGS>();
+    const int gid = lane >> 2, tig = lane & 3;
+    const int r_lo = 16 * (warp & 3) + gid, r_hi = r_lo + 8;
+    const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
+    const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
+    if (n > 0) {
+      fused_load_rows<FUSED_BM>(sQ, q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK, k.NH - k.g0, tid);
+      att_cp_async_commit();
+      att_cp_async_wait_all();
+      att_fence_proxy_async();
+    }
+    nb_sync(TMA_NB_CONSUMERS, 256);  // Q visible to both consumer warpgroups
+
+    float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
+#pragma unroll
+    for (int j = 0; j < 128; ++j) o[j] = 0.f;
+    float l_lo = 0.f, l_hi = 0.f;
+    const att_u64 dP = wg_desc(sP, 16, 1024);
+
+    // S of the warpgroup's next own tile (wgmma m64n64 accumulators: n8 tile nt holds rows r_lo /
+    // r_hi, KV columns 8 nt + 2 tig + {0, 1}).
+    float s[8][4];
+    for (int i = 0; i < n; ++i) {
+      const int st = i & 1, par = (i >> 1) & 1;
+      const att_u32 sK = sKV + st * FUSED_SMEM_KV;
+      float al_lo, al_hi;
+      if (st == wg) {
+        if (!EARLY || i == 0) tma_qk(s, sQ, sKV, sBar, k, i, wg, wtid);
+        wg_wait_all();
+        wg_pin<32>(&s[0][0]);
+
+        float mx_lo, mx_hi;
+        fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
+        if (i > 0) mb_wait(sBar + 8 * (TMA_FREE + 1 - wg), ((i - 1) >> 1) & 1);  // P(i - 1) read by the other
+        float m_lo = sM[r_lo], m_hi = sM[r_hi];  // running max after tile i - 1 (published with it)
+        fused_softmax_store_p(s, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, al_lo, al_hi, sP, r_lo, r_hi, 0, tig);
+        __syncwarp();  // the quad's reads of sM are done before its tig-0 thread writes it
+        if (tig == 0) {
+          sM[r_lo] = m_lo;
+          sM[r_hi] = m_hi;
+          sAlpha[r_lo] = al_lo;
+          sAlpha[r_hi] = al_hi;
+        }
+        att_fence_proxy_async();  // P, visible to wgmma
+        mb_arrive(sBar + 8 * (TMA_PUB + wg));
+        mb_wait(sBar + 8 * (TMA_PUB + wg), par);  // all of this warpgroup's P is written
+      } else {
+        // EARLY: S of the next tile (this warpgroup's) runs while the owner of tile i finishes it.
+        if (EARLY && i + 1 < n) tma_qk(s, sQ, sKV, sBar, k, i + 1, wg, wtid);
+        mb_wait(sBar + 8 * (TMA_PUB + st), par);  // P(i), sAlpha, sM of tile i published by its owner
+        mb_wait(sBar + 8 * (TMA_FULL + st), par);
+        al_lo = sAlpha[r_lo];
+        al_hi = sAlpha[r_hi];
+        l_lo *= al_lo;
+        l_hi *= al_hi;
+      }
+      fused_rescale_o(o, al_lo, al_hi);
+      // O += P V: k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's 256 columns are
+      // 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
+      wg_pin<128>(o);
+      wg_fence();
+#pragma unroll
+      for (int t = 0; t < FUSED_BN / 16; ++t)
+        wg_m64n256k16_tb(o, dP + 2 * t, wg_desc(sK + 4 * wg * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
+      wg_commit();
+      wg_wait_all();  // (EARLY: the next tile's S as well)
+      wg_pin<128>(o);
+      if (EARLY) wg_pin<32>(&s[0][0]);
+      if (st == wg && i + 1 < n) mb_arrive(sBar + 8 * (TMA_FREE + wg));  // P(i), sAlpha may be overwritten
+      mb_arrive(sBar + 8 * (TMA_EMPTY + st));  // this thread's reads of tile i are done
+    }
+
+    // Row sums: reduce over the quad, then over the two warpgroups' partials through smem.
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+    }
+    if (tig == 0) {
+      sRed[wg * FUSED_BM + r_lo] = l_lo;
+      sRed[wg * FUSED_BM + r_hi] = l_hi;
+    }
+    nb_sync(TMA_NB_CONSUMERS, 256);  // both partial sums and the final sM
+
+    fused_store_o_half(o, out, o_part, k, B, slot0, r_lo, wg, tig, sRed);
+    fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sM, tid);
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// EARLY = true (verify_fused_tma): a warpgroup issues S of its next tile before the O += P V of the
+// other warpgroup's tile (v5's pingpong order). EARLY = false (verify_fused_tma_seq): S of a tile
+// only after the previous tile's O += P V (v5's pingpong_seq order). kv itself is read only
+// through `map` (the argument stays for the common launch protocol).
+#define TMA_ENTRY(NAME, EARLY)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(TMA_THREADS, 1)                                               \
+      NAME(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv, const int* __restrict__ prefix_lens, \
+           const long long* __restrict__ vis, att_bf16* __restrict__ out, float* __restrict__ lse,               \
+           float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S, int N, int H, int W,          \
+           int splits, int slot0, int mode, float scale_log2, const __grid_constant__ AttTensorMap map) {       \
+    TMA_BODY(EARLY)                                                                                            \
+  }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TMA_BODY(EARLY) \
+  tma_body<EARLY>(&map, q, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2);
+#else
+#define TMA_BODY(EARLY)
+#endif
+TMA_ENTRY(verify_fused_tma, true)
+TMA_ENTRY(verify_fused_tma_seq, false)
