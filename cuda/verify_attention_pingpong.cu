@@ -28,6 +28,7 @@
 //   PP_NB_FREE + w: warpgroup w has finished its O += P V of its tile i (P is single-buffered);
 //   PP_NB_WG + h (128 threads): warpgroup h's own P stores are complete before its own O += P V.
 #include "attention_common.cuh"
+#include "attention_pingpong.cuh"
 #include "attention_tile.cuh"
 #include "attention_wgmma.cuh"
 
@@ -77,18 +78,7 @@ __device__ __forceinline__ void pp_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV,
   mb_wait(sBar + 8 * (2 * st), par);
   mb_wait(sBar + 8 * (2 * st + 1), par);
   att_fence_proxy_async();
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-  wg_pin<32>(&s[0][0]);
-  wg_fence();
-#pragma unroll
-  for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
-    const att_u32 blk = (ks >> 2) * 128 * FUSED_BN, kk = (ks & 3) * 32;
-    wg_mma<64, 0>(&s[0][0], wg_desc(sQ + blk + kk, 16, 1024), wg_desc(sK + blk + kk, 16, 1024));
-  }
-  wg_commit();
+  pp_issue_s(s, sQ, sK);
 }
 
 
@@ -161,16 +151,7 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
       float mx_lo, mx_hi;
       fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
       if (i > 0) nb_sync(PP_NB_FREE + 1 - wg, 256);  // the other warpgroup is done reading P(i - 1)
-      float m_lo = sM[r_lo], m_hi = sM[r_hi];  // running max after tile i - 1 (published with it)
-      fused_softmax_store_p(s, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, al_lo, al_hi, sP, r_lo, r_hi, 0, tig);
-      __syncwarp();  // the quad's reads of sM are done before its tig-0 thread writes it
-      if (tig == 0) {
-        sM[r_lo] = m_lo;
-        sM[r_hi] = m_hi;
-        sAlpha[r_lo] = al_lo;
-        sAlpha[r_hi] = al_hi;
-      }
-      att_fence_proxy_async();  // P, visible to wgmma
+      pp_owner_softmax(s, mx_lo, mx_hi, l_lo, l_hi, al_lo, al_hi, sM, sAlpha, sP, r_lo, r_hi, tig);
       nb_arrive(PP_NB_PUB + wg, 256);
       nb_sync(PP_NB_WG + wg, 128);  // this warpgroup's part of P is all written
     } else {
@@ -184,17 +165,7 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
       l_lo *= al_lo;
       l_hi *= al_hi;
     }
-    fused_rescale_o(o, al_lo, al_hi);
-    // O += P V: k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's 256 columns are
-    // 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
-    wg_pin<128>(o);
-    wg_fence();
-#pragma unroll
-    for (int t = 0; t < FUSED_BN / 16; ++t)
-      wg_m64n256k16_tb(o, dP + 2 * t, wg_desc(sK + 4 * wg * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
-    wg_commit();
-    wg_wait_all();  // (EARLY: the next tile's S as well)
-    wg_pin<128>(o);
+    pp_pv(o, al_lo, al_hi, dP, sK, wg);  // (EARLY: waits for the next tile's S as well)
     if (EARLY) wg_pin<32>(&s[0][0]);
     if (st == wg && i + 1 < n) nb_arrive(PP_NB_FREE + wg, 256);  // P(i) may be overwritten
     if (i + 2 < n) {  // this warpgroup is done with its half of stage st: tile i + 2 goes there
@@ -203,16 +174,7 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
     }
   }
 
-  // Row sums: reduce over the quad, then over the two warpgroups' partials through smem.
-#pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-  }
-  if (tig == 0) {
-    sRed[wg * FUSED_BM + r_lo] = l_lo;
-    sRed[wg * FUSED_BM + r_hi] = l_hi;
-  }
+  pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_hi, tig);
   __syncthreads();  // both partial sums and the final sM
 
   fused_store_o_half(o, out, o_part, k, B, slot0, r_lo, wg, tig, sRed);

@@ -34,6 +34,7 @@
 // for the async proxy, then a barrier of the owner warpgroup before its S; the other warpgroup
 // reads the tile after pub. Q comes in by cp.async from the consumers (rows past N H zero-filled).
 #include "attention_common.cuh"
+#include "attention_pingpong.cuh"
 #include "attention_tile.cuh"
 #include "attention_wgmma.cuh"
 
@@ -54,7 +55,7 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Wait for tile i in its stage; zero its rows past the KV range end (owner warpgroup wg, all 128
-// threads); issue S = Q K^T into s (36 wgmma m64n64k16, one group, not waited for).
+// threads); issue S = Q K^T into s (pp_issue_s: one wgmma group, not waited for).
 __device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV, att_u32 sBar,
                                        const FusedBlock& k, int i, int wg, int wtid) {
   const int st = i & 1;
@@ -70,18 +71,7 @@ __device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV
     att_fence_proxy_async();
     nb_sync(TMA_NB_WG + wg, 128);
   }
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-  wg_pin<32>(&s[0][0]);
-  wg_fence();
-#pragma unroll
-  for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
-    const att_u32 blk = (ks >> 2) * 128 * FUSED_BN, kk = (ks & 3) * 32;
-    wg_mma<64, 0>(&s[0][0], wg_desc(sQ + blk + kk, 16, 1024), wg_desc(sK + blk + kk, 16, 1024));
-  }
-  wg_commit();
+  pp_issue_s(s, sQ, sK);
 }
 
 // The producer thread: every tile of the split through the two-stage ring.
@@ -176,16 +166,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
         float mx_lo, mx_hi;
         fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
         if (i > 0) mb_wait(sBar + 8 * (TMA_FREE + 1 - wg), ((i - 1) >> 1) & 1);  // P(i - 1) read by the other
-        float m_lo = sM[r_lo], m_hi = sM[r_hi];  // running max after tile i - 1 (published with it)
-        fused_softmax_store_p(s, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, al_lo, al_hi, sP, r_lo, r_hi, 0, tig);
-        __syncwarp();  // the quad's reads of sM are done before its tig-0 thread writes it
-        if (tig == 0) {
-          sM[r_lo] = m_lo;
-          sM[r_hi] = m_hi;
-          sAlpha[r_lo] = al_lo;
-          sAlpha[r_hi] = al_hi;
-        }
-        att_fence_proxy_async();  // P, visible to wgmma
+        pp_owner_softmax(s, mx_lo, mx_hi, l_lo, l_hi, al_lo, al_hi, sM, sAlpha, sP, r_lo, r_hi, tig);
         mb_arrive(sBar + 8 * (TMA_PUB + wg));
         mb_wait(sBar + 8 * (TMA_PUB + wg), par);  // all of this warpgroup's P is written
       } else {
@@ -198,32 +179,13 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
         l_lo *= al_lo;
         l_hi *= al_hi;
       }
-      fused_rescale_o(o, al_lo, al_hi);
-      // O += P V: k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's 256 columns are
-      // 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
-      wg_pin<128>(o);
-      wg_fence();
-#pragma unroll
-      for (int t = 0; t < FUSED_BN / 16; ++t)
-        wg_m64n256k16_tb(o, dP + 2 * t, wg_desc(sK + 4 * wg * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
-      wg_commit();
-      wg_wait_all();  // (EARLY: the next tile's S as well)
-      wg_pin<128>(o);
+      pp_pv(o, al_lo, al_hi, dP, sK, wg);  // (EARLY: waits for the next tile's S as well)
       if (EARLY) wg_pin<32>(&s[0][0]);
       if (st == wg && i + 1 < n) mb_arrive(sBar + 8 * (TMA_FREE + wg));  // P(i), sAlpha may be overwritten
       mb_arrive(sBar + 8 * (TMA_EMPTY + st));  // this thread's reads of tile i are done
     }
 
-    // Row sums: reduce over the quad, then over the two warpgroups' partials through smem.
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-      l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-    }
-    if (tig == 0) {
-      sRed[wg * FUSED_BM + r_lo] = l_lo;
-      sRed[wg * FUSED_BM + r_hi] = l_hi;
-    }
+    pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_hi, tig);
     nb_sync(TMA_NB_CONSUMERS, 256);  // both partial sums and the final sM
 
     fused_store_o_half(o, out, o_part, k, B, slot0, r_lo, wg, tig, sRed);

@@ -1,0 +1,82 @@
+// The alternate-tile ping-pong of two consumer warpgroups that the v5 kernels
+// (verify_attention_pingpong.cu: named-barrier handoffs, cp.async loads) and the v6 kernels
+// (verify_attention_tma.cu: mbarrier handoffs, TMA loads) share. Tile i of a split is owned by
+// warpgroup i & 1, which computes S of all 64 rows x 64 KV columns, the masked online softmax of
+// whole rows, and publishes P (one shared tile), the running row max sM and the row rescale
+// sAlpha; both warpgroups then accumulate O += P V over their own 256 value columns. These are
+// the steps between the kernels' handoffs; sm_90a only.
+#ifndef KDTREE_ATTENTION_PINGPONG_CUH
+#define KDTREE_ATTENTION_PINGPONG_CUH
+
+#include "attention_tile.cuh"
+#include "attention_wgmma.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Issue S = Q K^T of the tile in stage sK into s (wgmma m64n64 accumulators: n8 tile nt holds rows
+// r_lo / r_hi, KV columns 8 nt + 2 tig + {0, 1}): 36 wgmma m64n64k16, k-step ks reading 32 bytes
+// at 32 (ks % 4) of column block ks / 4 of Q and K. One wgmma group, not waited for.
+__device__ __forceinline__ void pp_issue_s(float (&s)[8][4], att_u32 sQ, att_u32 sK) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+  wg_pin<32>(&s[0][0]);
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
+    const att_u32 blk = (ks >> 2) * 128 * FUSED_BN, kk = (ks & 3) * 32;
+    wg_mma<64, 0>(&s[0][0], wg_desc(sQ + blk + kk, 16, 1024), wg_desc(sK + blk + kk, 16, 1024));
+  }
+  wg_commit();
+}
+
+// The owner's softmax of its tile (row maxima mx_lo / mx_hi over the tile), once the previous
+// tile's P and sAlpha are free: the running max from sM (published with the previous tile), P
+// into the P tile, the new sM and sAlpha (by the quad's tig-0 thread), P fenced for wgmma. Returns
+// the rows' rescale factors in al_lo / al_hi.
+__device__ __forceinline__ void pp_owner_softmax(float (&s)[8][4], float mx_lo, float mx_hi, float& l_lo,
+                                                 float& l_hi, float& al_lo, float& al_hi, float* sM, float* sAlpha,
+                                                 att_u32 sP, int r_lo, int r_hi, int tig) {
+  float m_lo = sM[r_lo], m_hi = sM[r_hi];
+  fused_softmax_store_p(s, mx_lo, mx_hi, m_lo, m_hi, l_lo, l_hi, al_lo, al_hi, sP, r_lo, r_hi, 0, tig);
+  __syncwarp();  // the quad's reads of sM are done before its tig-0 thread writes it
+  if (tig == 0) {
+    sM[r_lo] = m_lo;
+    sM[r_hi] = m_hi;
+    sAlpha[r_lo] = al_lo;
+    sAlpha[r_hi] = al_hi;
+  }
+  att_fence_proxy_async();  // P, visible to wgmma
+}
+
+// Rescale O by the tile's factors, then O += P V over value columns 256 wg .., waited for (with any
+// wgmma group issued before it): k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's
+// 256 columns are 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
+__device__ __forceinline__ void pp_pv(float (&o)[128], float al_lo, float al_hi, att_u64 dP, att_u32 sK, int wg) {
+  fused_rescale_o(o, al_lo, al_hi);
+  wg_pin<128>(o);
+  wg_fence();
+#pragma unroll
+  for (int t = 0; t < FUSED_BN / 16; ++t)
+    wg_m64n256k16_tb(o, dP + 2 * t, wg_desc(sK + 4 * wg * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
+  wg_commit();
+  wg_wait_all();
+  wg_pin<128>(o);
+}
+
+// A warpgroup's partial row sums, reduced over the quad, into sRed [wg][BM]; the caller syncs both
+// warpgroups before fused_store_o_half / fused_store_lse read them.
+__device__ __forceinline__ void pp_row_sums(float l_lo, float l_hi, float* sRed, int wg, int r_lo, int r_hi,
+                                            int tig) {
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  if (tig == 0) {
+    sRed[wg * FUSED_BM + r_lo] = l_lo;
+    sRed[wg * FUSED_BM + r_hi] = l_hi;
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+#endif  // KDTREE_ATTENTION_PINGPONG_CUH
