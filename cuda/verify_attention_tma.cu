@@ -11,7 +11,7 @@
 //
 // Producer (one thread): tile i of the split goes to KV stage i & 1: wait until both consumers
 // released the stage's previous tile (empty[i & 1], 256 arrivals), arrive on full[i & 1] with the
-// tile's 73728 bytes as expected transactions, issue 9 TMA boxes (column blocks 0..8) completing
+// tile's 73728 bytes as expected transactions, issue the 9 TMA boxes (column blocks 0..8) completing
 // on it.
 //
 // Consumers: tile i is owned by warpgroup i & 1 (S of all 64 rows x 64 KV columns, 36 wgmma

@@ -1,0 +1,98 @@
+#!/bin/bash
+# The v6 verify-attention kernels (impl tma / tma_seq, cuda/verify_attention_tma.cu) on an H200 in
+# one device call: their GPU tests (float64 reference on fresh random trees: padding nodes, N = 513,
+# prefix 0, ragged prefixes, split counts, cascade), compute-sanitizer memcheck / racecheck /
+# synccheck on the self-check's small cases, then wgmma vs pingpong vs pingpong_seq vs tma vs
+# tma_seq by CUDA-graph replay with cold L2 at four shapes, each checked against float64 (first and
+# last sequence) before it is timed; a short table last. Logs and the table's CSV under $OUT
+# (default /tmp/gpu_kernel_v6): gpu_tests.log, sanitizer.log, timing.csv, timing.log.
+#   BUDGET=190     seconds; a step that would start past it is skipped (and says so)
+#   SHAPES="1,33,64,4096;16,33,64,16384;1,257,64,4096;64,9,8,16384"   B,N,H,P of the timing
+# Usage: bash scripts/gpu_kernel_v6.sh
+set -o pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-/tmp/gpu_kernel_v6}
+BUDGET=${BUDGET:-190}
+mkdir -p "$OUT"
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+have() {  # have SECONDS_NEEDED NAME: is there time for this step?
+  if [ $((SECONDS + $1)) -gt "$BUDGET" ]; then echo "SKIPPED $2 (budget ${BUDGET}s, at ${SECONDS}s)"; return 1; fi
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/timing.log"
+echo "commit ${KDTREE_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}" | tee -a "$OUT/timing.log"
+
+# 1. GPU tests of the new kernels (the sanitizer runs come next, one process per tool)
+timeout 90 python3 -m pytest -q -m gpu -k "tma and not sanitizer" tests/test_attention.py > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests (rc $?) at ${SECONDS}s: $(grep -E '(passed|failed|error)' "$OUT/gpu_tests.log" | tail -1)"
+grep -E "^FAILED" "$OUT/gpu_tests.log" | head -10
+
+# 2. compute-sanitizer, both v6 kernels per run (fused at splits auto / 1 / 3, and cascade)
+: > "$OUT/sanitizer.log"
+for tool in racecheck memcheck synccheck; do
+  have 40 "$tool" || continue
+  echo "== $tool tma tma_seq" >> "$OUT/sanitizer.log"
+  timeout 120 "$SAN" --tool=$tool python3 tests/sanitize_attention.py tma tma_seq >> "$OUT/sanitizer.log" 2>&1
+  echo "$tool (rc $?): $(grep -E 'SUMMARY' "$OUT/sanitizer.log" | tail -1); $(grep -c ' ok$' "$OUT/sanitizer.log") ok, $(grep -c 'FAIL' "$OUT/sanitizer.log") FAIL lines so far, at ${SECONDS}s"
+done
+
+# 3. timing: graph replay, cold L2, every kernel checked against float64 first
+have 30 "timing" && SHAPES=${SHAPES:-"1,33,64,4096;16,33,64,16384;1,257,64,4096;64,9,8,16384"} \
+  timeout $((BUDGET - SECONDS + 5)) python3 - "$OUT/timing.csv" >> "$OUT/timing.log" 2>&1 <<'EOF'
+import csv, os, sys
+
+import torch
+
+sys.path.insert(0, "scripts")
+from attention_dev import (ceilings, check_config, cost, input_sets, parse_shapes, references, run_config,
+                           time_config)
+from kdtree.attention import _num_sms, launch_plan
+
+IMPLS = ("wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq")
+sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
+bw, rate = ceilings()
+print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, HBM {bw / 1e12:.2f} TB/s, dense bf16 {rate / 1e12:.0f} TFLOP/s "
+      "(measured now); CUDA-graph replay, cold L2, median [p20, p80]", flush=True)
+gen = torch.Generator().manual_seed(6)
+rows = []
+for B, N, H, P in parse_shapes(os.environ["SHAPES"]):
+    tree, pl, sets = input_sets(B, N, H, P, gen, l2)
+    out = (torch.empty(B, N, H, 512, dtype=torch.bfloat16, device="cuda"),
+           torch.empty(B, N, H, dtype=torch.float32, device="cuda"))
+    flops, nbytes = cost(B, N, H, P, tree)
+    refs = references(tree, pl, *sets[0])
+    for impl in IMPLS:
+        plan = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms, impl=impl)
+        row = dict(B=B, N=N, H=H, P=P, impl=impl, splits=plan.splits, us=float("nan"), p20=float("nan"),
+                   p80=float("nan"), tflops=float("nan"), frac_bf16=float("nan"), frac_hbm=float("nan"), check="")
+        try:
+            out[0].fill_(float("nan"))
+            run_config("fused", tree, pl, *sets[0], out, impl=impl)
+            worst, wrong = check_config(refs, out)
+            row["check"] = wrong or f"ok rel={worst:.1e}"
+            if not wrong:
+                tm = time_config("fused", tree, pl, sets, out, impl=impl)
+                t = tm.median_us * 1e-6
+                row.update(us=tm.median_us, p20=tm.p20_us, p80=tm.p80_us, tflops=flops / t / 1e12,
+                           frac_bf16=flops / t / rate, frac_hbm=nbytes / t / bw)
+        except Exception as e:  # a kernel that fails to launch must not hide the others' figures
+            row["check"] = f"ERROR {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            torch.cuda.synchronize()
+        rows.append(row)
+        print(f"B={B} N={N} H={H} P={P} {impl}: {row['check']} {row['us']:.1f} us", flush=True)
+    sets.clear()
+    torch.cuda.empty_cache()
+with open(sys.argv[1], "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+print(f"\n{'B':>3} {'N':>4} {'H':>3} {'P':>6} {'impl':12} {'spl':>3} {'us':>8} {'p20-p80':>15} {'TFLOP/s':>8} "
+      f"{'bf16':>5} {'hbm':>5}  check")
+for r in rows:
+    print(f"{r['B']:3d} {r['N']:4d} {r['H']:3d} {r['P']:6d} {r['impl']:12} {r['splits']:3d} {r['us']:8.1f} "
+          f"{r['p20']:7.1f}-{r['p80']:<7.1f} {r['tflops']:8.1f} {r['frac_bf16']:5.2f} {r['frac_hbm']:5.2f}  "
+          f"{r['check']}")
+EOF
+echo "timing (rc $?) at ${SECONDS}s"
+sed -n '/^ *B *N *H/,$p' "$OUT/timing.log"
+grep -E "WRONG|ERROR|Error" "$OUT/timing.log" | head -5
