@@ -7,6 +7,7 @@
 # last sequence) before it is timed; a short table last. Logs and the table's CSV under $OUT
 # (default /tmp/gpu_kernel_v6): gpu_tests.log, sanitizer.log, timing.csv, timing.log.
 #   BUDGET=190     seconds; a step that would start past it is skipped (and says so)
+#   TIMING_S=50    seconds of the budget kept for the timing (a sanitizer run is cut short for it)
 #   SHAPES="1,33,64,4096;16,33,64,16384;1,257,64,4096;64,9,8,16384"   B,N,H,P of the timing
 # Usage: bash scripts/gpu_kernel_v6.sh
 set -o pipefail
@@ -24,20 +25,34 @@ echo "commit ${KDTREE_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}" | tee -a "$OU
 
 # 1. GPU tests of the new kernels (the sanitizer runs come next, one process per tool)
 timeout 90 python3 -m pytest -q -m gpu -k "tma and not sanitizer" tests/test_attention.py > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests (rc $?) at ${SECONDS}s: $(grep -E '(passed|failed|error)' "$OUT/gpu_tests.log" | tail -1)"
+tests_rc=$?
+echo "gpu tests (rc $tests_rc) at ${SECONDS}s: $(grep -E 'passed|failed|skipped|error' "$OUT/gpu_tests.log" | tail -1)"
 grep -E "^FAILED" "$OUT/gpu_tests.log" | head -10
+IMPLS="wgmma pingpong pingpong_seq tma tma_seq"
+if [ $tests_rc = 124 ]; then  # cut off: a v6 kernel may hang; keep the rest of the call for the others
+  echo "gpu tests cut off at 90 s: sanitizers skipped, tma / tma_seq left out of the timing"; tail -3 "$OUT/gpu_tests.log"
+  IMPLS="wgmma pingpong pingpong_seq"
+elif grep -qiE "CUDA_ERROR|illegal|misaligned|unspecified launch failure" "$OUT/gpu_tests.log"; then
+  echo "a CUDA fault in the tests (it would end the timing process): tma / tma_seq left out of the timing"
+  grep -iE -m 3 "CUDA_ERROR|illegal|misaligned|unspecified launch failure" "$OUT/gpu_tests.log"
+  IMPLS="wgmma pingpong pingpong_seq"
+fi
 
-# 2. compute-sanitizer, both v6 kernels per run (fused at splits auto / 1 / 3, and cascade)
+# 2. compute-sanitizer, both v6 kernels per run (fused at splits auto / 1 / 3, and cascade); the
+# last TIMING_S seconds of the budget stay for the timing
+TIMING_S=${TIMING_S:-50}
 : > "$OUT/sanitizer.log"
 for tool in racecheck memcheck synccheck; do
-  have 40 "$tool" || continue
+  [ $tests_rc = 124 ] && break
+  have $((TIMING_S + 30)) "$tool" || continue
   echo "== $tool tma tma_seq" >> "$OUT/sanitizer.log"
-  timeout 120 "$SAN" --tool=$tool python3 tests/sanitize_attention.py tma tma_seq >> "$OUT/sanitizer.log" 2>&1
+  limit=$((BUDGET - TIMING_S - SECONDS)); [ $limit -gt 120 ] && limit=120
+  timeout $limit "$SAN" --tool=$tool python3 tests/sanitize_attention.py tma tma_seq >> "$OUT/sanitizer.log" 2>&1
   echo "$tool (rc $?): $(grep -E 'SUMMARY' "$OUT/sanitizer.log" | tail -1); $(grep -c ' ok$' "$OUT/sanitizer.log") ok, $(grep -c 'FAIL' "$OUT/sanitizer.log") FAIL lines so far, at ${SECONDS}s"
 done
 
 # 3. timing: graph replay, cold L2, every kernel checked against float64 first
-have 30 "timing" && SHAPES=${SHAPES:-"1,33,64,4096;16,33,64,16384;1,257,64,4096;64,9,8,16384"} \
+have 30 "timing" && SHAPES=${SHAPES:-"1,33,64,4096;16,33,64,16384;1,257,64,4096;64,9,8,16384"} IMPLS=$IMPLS \
   timeout $((BUDGET - SECONDS + 5)) python3 - "$OUT/timing.csv" >> "$OUT/timing.log" 2>&1 <<'EOF'
 import csv, os, sys
 
@@ -48,7 +63,7 @@ from attention_dev import (ceilings, check_config, cost, input_sets, parse_shape
                            time_config)
 from kdtree.attention import _num_sms, launch_plan
 
-IMPLS = ("wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq")
+IMPLS = os.environ["IMPLS"].split()
 sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
 bw, rate = ceilings()
 print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, HBM {bw / 1e12:.2f} TB/s, dense bf16 {rate / 1e12:.0f} TFLOP/s "
