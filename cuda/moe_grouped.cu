@@ -21,9 +21,12 @@
 //   and 64 + 16q .. 64 + 16q + 15 of the step (each copy instruction covers whole 32-byte
 //   sectors), and those 16 values are its fragments of four k16 steps. Tokens come in chunks of 8 * MOE_NT; an expert with more re-streams its weights
 //   per chunk. MOE_GATED = 1: w0 = gate, w1 = up (16 rows of each per block), the output is
-//   bf16 silu(gate) * up; MOE_GATED = 0: 32 rows of w0 per block, float32 output.
-// * moe_combine: out[t] = base[t] + sum_s weight[t, s] * ys[pos[t, s]] over the local slots,
-//   in float32, slots in order.
+//   bf16 silu(gate) * up; MOE_GATED = 0: 32 rows of w0 per block, float32 output. The shared
+//   expert rides along as an extra group whose positions are all T tokens (after the routed
+//   slots), one grid row per chunk of them, with its own weights, row count and K: one gate/up
+//   and one down launch serve the routed and the shared experts.
+// * moe_combine: out[t] = ys[shared row of t] + sum_s weight[t, s] * ys[pos[t, s]] over the local
+//   slots, in float32, slots in order.
 //
 // Compile-time options (-D): MOE_K (input width, a multiple of 64 * MOE_KSPLIT), MOE_NT (token
 // tiles of 8 per chunk), MOE_GATED, MOE_STAGES (ring depth), MOE_KSPLIT (warps per block),
@@ -140,25 +143,42 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
 // x [rows, MOE_K] bf16; rowidx [positions] (row of x for each position) or null (position = row);
 // w0, w1 [experts, n_out, MOE_K] bf16 (w1 read only when MOE_GATED); offs [experts] group ends;
 // out [positions, n_out]: bf16 when MOE_GATED, else float32. grid (n_out / MOE_ROWS, experts).
+// The extra group (the shared expert), when shared_tokens > 0: weights s0 (and s1 when MOE_GATED)
+// [n_shared, k_shared] bf16, k_shared a multiple of 64 * MOE_KSPLIT and at most MOE_K, n_shared a
+// multiple of MOE_ROWS and at most n_out; its positions shared_first .. shared_first +
+// shared_tokens - 1 read token p - shared_first of x through the gather (row p without rowidx),
+// in chunks of 8 * MOE_NT tokens, one per grid row past ``experts``.
 extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     moe_grouped_gemm(const moe_bf16* __restrict__ x, const int* __restrict__ rowidx, const moe_bf16* __restrict__ w0,
                      const moe_bf16* __restrict__ w1, const int* __restrict__ offs, void* __restrict__ out,
-                     int n_out) {
+                     int n_out, int experts, const moe_bf16* __restrict__ s0, const moe_bf16* __restrict__ s1,
+                     int n_shared, int k_shared, int shared_first, int shared_tokens) {
   extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32]
   const int e = blockIdx.y;
-  const int first = e ? offs[e - 1] : 0, end = offs[e];
+  const bool sh = e >= experts;
+  const int r0 = blockIdx.x * MOE_ROWS;
+  int first, end;
+  if (sh) {
+    first = shared_first + (e - experts) * 8 * MOE_NT;
+    end = min(first + 8 * MOE_NT, shared_first + shared_tokens);
+    if (r0 >= n_shared) return;
+  } else {
+    first = e ? offs[e - 1] : 0;
+    end = offs[e];
+  }
   if (first >= end) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int r0 = blockIdx.x * MOE_ROWS;
   const long long kofs = (long long)warp * 64 + q * 8;
-  const moe_bf16* wa = w0 + (long long)e * n_out * MOE_K;
+  const long long kw = sh ? k_shared : MOE_K;       // the weights' row length
+  const int ksteps = sh ? k_shared / MOE_KSTRIDE : MOE_KSTEPS;
+  const moe_bf16* wa = sh ? s0 : w0 + (long long)e * n_out * MOE_K;
 #if MOE_GATED
-  const moe_bf16* wb = w1 + (long long)e * n_out * MOE_K;
+  const moe_bf16* wb = sh ? s1 : w1 + (long long)e * n_out * MOE_K;
 #else
-  const moe_bf16* wb = wa + 16LL * MOE_K;
+  const moe_bf16* wb = wa + 16LL * kw;
 #endif
-  const moe_bf16* arow[4] = {wa + (long long)(r0 + g) * MOE_K + kofs, wa + (long long)(r0 + g + 8) * MOE_K + kofs,
-                             wb + (long long)(r0 + g) * MOE_K + kofs, wb + (long long)(r0 + g + 8) * MOE_K + kofs};
+  const moe_bf16* arow[4] = {wa + (r0 + g) * kw + kofs, wa + (r0 + g + 8) * kw + kofs,
+                             wb + (r0 + g) * kw + kofs, wb + (r0 + g + 8) * kw + kofs};
   uint4* mine = ring + warp * MOE_STAGES * MOE_NSLOT * 32 + lane;
   const moe_u32 mine_s = (moe_u32)__cvta_generic_to_shared(mine);
 
@@ -169,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     for (int j = 0; j < MOE_NT; ++j) {
       const int p = c0 + j * 8 + g;
       const bool ok = p < end;
-      const int row = ok ? (rowidx ? rowidx[p] : p) : 0;
+      const int row = ok ? (rowidx ? (sh ? p - shared_first : rowidx[p]) : p) : 0;
       brow[j] = x + (long long)row * MOE_K + kofs;
       bbytes[j] = ok ? 16 : 0;  // zero fill past the expert's tokens
     }
@@ -192,13 +212,13 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 
 #pragma unroll
     for (int s = 0; s < MOE_STAGES - 1; ++s) {
-      if (s < MOE_KSTEPS) issue(s, s);
+      if (s < ksteps) issue(s, s);
       asm volatile("cp.async.commit_group;\n" ::);
     }
 #pragma unroll 1
-    for (int ks = 0; ks < MOE_KSTEPS; ++ks) {
+    for (int ks = 0; ks < ksteps; ++ks) {
       const int kn = ks + MOE_STAGES - 1;
-      if (kn < MOE_KSTEPS) issue(kn % MOE_STAGES, kn);
+      if (kn < ksteps) issue(kn % MOE_STAGES, kn);
       asm volatile("cp.async.commit_group;\n" ::);
       asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 1));
       const uint4* buf = mine + (ks % MOE_STAGES) * MOE_NSLOT * 32;
@@ -256,10 +276,11 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 }
 
 // ys [positions, dim] float32; pos [tokens * MOE_TOPK] (position or -1); weight [tokens * MOE_TOPK]
-// float32; base [tokens, dim] bf16 or null; out [tokens, dim] bf16. grid (tokens), dim % 4 == 0.
+// float32; shared_first: the position of token 0's shared-expert row (token t's at shared_first +
+// t, added with weight 1), or -1; out [tokens, dim] bf16. grid (tokens), dim % 4 == 0.
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ ys, const int* __restrict__ pos, const float* __restrict__ weight,
-                const moe_bf16* __restrict__ base, moe_bf16* __restrict__ out, int dim) {
+                int shared_first, moe_bf16* __restrict__ out, int dim) {
   const int t = blockIdx.x;
   int p[MOE_TOPK];
   float wt[MOE_TOPK];
@@ -270,12 +291,12 @@ extern "C" __global__ void __launch_bounds__(256)
   }
   for (int d = threadIdx.x * 4; d < dim; d += blockDim.x * 4) {
     float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (base) {
-      const uint2 bb = *reinterpret_cast<const uint2*>(base + (long long)t * dim + d);
-      v[0] = __uint_as_float(bb.x << 16);
-      v[1] = __uint_as_float(bb.x & 0xffff0000u);
-      v[2] = __uint_as_float(bb.y << 16);
-      v[3] = __uint_as_float(bb.y & 0xffff0000u);
+    if (shared_first >= 0) {
+      const float4 y = *reinterpret_cast<const float4*>(ys + (long long)(shared_first + t) * dim + d);
+      v[0] = y.x;
+      v[1] = y.y;
+      v[2] = y.z;
+      v[3] = y.w;
     }
 #pragma unroll
     for (int s = 0; s < MOE_TOPK; ++s) {

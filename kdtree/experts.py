@@ -1,20 +1,24 @@
-"""The routed experts of an MoE layer on the GPU: ``cuda/moe_grouped.cu`` launched from torch.
+"""An MoE layer on the GPU: ``cuda/moe_router.cu`` and ``cuda/moe_grouped.cu`` launched from torch.
 
-``routed_experts`` computes what ``kdtree.engine.model.MoE.experts`` computes with torch ops
-(permutation, three grouped GEMMs, SiLU, weighted combine), in four launches:
+``route`` is ``kdtree.engine.model.MoE.route`` (float32 gate, sigmoid, top-k, renormalised and
+scaled weights) in one launch. ``routed_experts`` computes what ``MoE.experts`` computes with
+torch ops (permutation, three grouped GEMMs, SiLU, weighted combine, and the shared expert) in
+four launches:
 
 1. ``moe_permute``: group ends, each local slot's position in expert order, each position's token;
-2. the gate and up projections of every local slot in one grouped GEMM, reading the tokens of
+2. the gate and up projections of every local slot, and of every token through the shared
+   expert (an extra group after the routed slots), in one grouped GEMM, reading the tokens of
    x through the positions' token index (no gathered copy) and writing ``silu(gate) * up``;
-3. the down projection (float32 out);
-4. ``moe_combine``: each token's local slots, weighted, summed in slot order, plus ``base``
-   (the shared expert's output) if given.
+3. the down projection of the same positions (float32 out);
+4. ``moe_combine``: each token's local slots, weighted, summed in slot order, plus its shared
+   expert row.
 
 The GEMMs stream each touched expert's weights once, tokens on the mma's narrow side: the
 shape of expert parallelism at small batch, where an expert sees a few tokens per step. An
-expert with more than ``8 * nt`` tokens streams its weights once per chunk of that many. Static
-shapes and no host synchronisation: graph-capturable. bf16 CUDA tensors only; the torch path
-in ``kdtree.engine.model`` is the reference and the CPU path.
+expert with more than ``8 * nt`` tokens streams its weights once per chunk of that many (the
+shared expert's chunks run side by side, one grid row each). Static shapes and no host
+synchronisation: graph-capturable. bf16 CUDA tensors only (the router's gate in float32); the
+torch path in ``kdtree.engine.model`` is the reference and the CPU path.
 """
 from __future__ import annotations
 
@@ -24,18 +28,25 @@ import numpy as np
 import torch
 
 ROWS_GATED, ROWS_DOWN = 16, 32
+ROUTER_THREADS = 256
+ROUTER_COUNTERS = 4096   # token tiles a launch can count in the cached buffer (more: a fresh one)
 # (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
 SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
 _SRC = "moe_grouped"
+_COUNTERS: dict[int, torch.Tensor] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(name: str, index: int, defines: tuple) -> object:
+def _kernel(name: str, index: int, defines: tuple, src: str = _SRC) -> object:
     from kdtree.kernels import get_kernel
 
-    return get_kernel(_SRC, name, dict(defines), device=index)
+    return get_kernel(src, name, dict(defines), device=index)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def chunk_tiles(tokens: int, k: int, experts: int) -> int:
@@ -63,17 +74,114 @@ def _check_bf16(name: str, t: torch.Tensor, dim: int) -> None:
                          f"{tuple(t.shape)}")
 
 
-def supported(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, k: int) -> bool:
+def supported(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, k: int, shared_inter: int = 0) -> bool:
     """Whether ``routed_experts`` takes these operands (else the torch path runs).
 
-    bf16 CUDA tensors; the hidden width and expert intermediate multiples of 256 (four warps'
-    64-wide steps) and of 32 (the row tiles); k <= 8 (the combine's slots per token); at most 1024 local
-    experts.
+    bf16 CUDA tensors; the hidden width, the expert intermediate and the shared expert's
+    intermediate (``shared_inter``, 0: none) multiples of 256 (four warps' 64-wide steps) and
+    of 32 (the row tiles), the shared one at most the routed one; k <= 8 (the combine's slots
+    per token); at most 1024 local experts.
     """
     if not (x.is_cuda and x.dtype == torch.bfloat16 and w1.dtype == torch.bfloat16 and w2.dtype == torch.bfloat16):
         return False
     E, h, d = w1.shape
-    return d % 256 == 0 and h % 256 == 0 and k <= 8 and E <= 1024
+    return (d % 256 == 0 and h % 256 == 0 and shared_inter % 256 == 0 and shared_inter <= h and k <= 8
+            and E <= 1024)
+
+
+def router_supported(x: torch.Tensor, gate: torch.Tensor, k: int) -> bool:
+    """Whether ``route`` takes these operands (else the torch path runs): x bf16 [T, dim]
+    (contiguous, 16-byte aligned) and the gate float32 [E, dim] (contiguous) on CUDA, dim a
+    multiple of 1024, E a multiple of 32, 1 <= k <= min(32, E)."""
+    if not (x.is_cuda and x.dtype == torch.bfloat16 and gate.is_cuda and gate.dtype == torch.float32
+            and x.dim() == 2 and gate.dim() == 2 and x.is_contiguous() and gate.is_contiguous()
+            and x.data_ptr() % 16 == 0):
+        return False
+    E, d = gate.shape
+    return x.shape[1] == d and d % (4 * ROUTER_THREADS) == 0 and E % 32 == 0 and 1 <= k <= min(32, E)
+
+
+def router_shape(tokens: int) -> tuple[int, int]:
+    """(experts per block, tokens per block) of ``route`` for ``tokens`` tokens: two experts per
+    block (two blocks per SM) and 8-token tiles up to 32 tokens, so that one token fills the GPU;
+    four experts per block beyond (half the re-reads of x), 64-token tiles beyond 64 tokens
+    (each tile re-reads the gate from L2)."""
+    return (2 if tokens <= 32 else 4), (8 if tokens <= 64 else 64)
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 counters for ``tiles`` token tiles: the device's cached buffer (each router
+    launch leaves its counters at zero), or a fresh ``torch.zeros`` (one memset) when the buffer is
+    too small or cannot be made now (inside a graph capture, where a new tensor is not zeroed
+    until replay). Launches on one stream in order share it; concurrent streams must not."""
+    idx = _index(device)
+    buf = _COUNTERS.get(idx)
+    if buf is None and not torch.cuda.is_current_stream_capturing():
+        buf = _COUNTERS[idx] = torch.zeros(ROUTER_COUNTERS, dtype=torch.int32, device=device)
+    if buf is None or tiles > buf.numel():
+        return torch.zeros(tiles, dtype=torch.int32, device=device)
+    return buf
+
+
+def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
+          shape: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 routing of x [T, dim] in one launch: float32 scores ``sigmoid(x gate^T)``, each
+    token's top ``k`` (score descending, ties to the lowest expert id), weights renormalised to
+    sum 1 and multiplied by ``scale``.
+
+    Parameters
+    ----------
+    x : bf16 [T, dim] CUDA
+    gate : float32 [E, dim] CUDA
+        The router's weight (``router_supported``: dim % 1024 == 0, E % 32 == 0).
+    k : int
+        Experts per token, 1 .. min(32, E).
+    scale : float
+        The routed scaling factor.
+    shape : (experts per block, tokens per block), optional
+        Default ``router_shape(T)``; experts per block 2 or 4, tokens per block a multiple of 8.
+
+    Returns
+    -------
+    weight : float32 [T, k]
+        In the order of the ids.
+    expert : int64 [T, k]
+        Global expert ids, best first.
+    """
+    from kdtree.kernels import launch, ptr
+
+    _check_bf16("x", x, 2)
+    if not isinstance(gate, torch.Tensor) or not gate.is_cuda or gate.dtype != torch.float32 or gate.dim() != 2 \
+            or not gate.is_contiguous():
+        raise TypeError(f"gate: expected a contiguous float32 CUDA tensor [E, dim], got "
+                        f"{getattr(gate, 'dtype', type(gate))} {tuple(getattr(gate, 'shape', ()))}")
+    E, d = gate.shape
+    if x.shape[1] != d or d % (4 * ROUTER_THREADS) or E % 32:
+        raise ValueError(f"x, gate: expected x [T, dim] and gate [E, dim] with dim % 1024 == 0 and E % 32 == 0, "
+                         f"got {tuple(x.shape)} and {tuple(gate.shape)}")
+    if x.device != gate.device:
+        raise ValueError(f"x: expected the device of gate ({gate.device}), got {x.device}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(32, E):
+        raise ValueError(f"k: expected an int in 1..{min(32, E)}, got {k!r}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
+    T = x.shape[0]
+    eb, tile = router_shape(T) if shape is None else shape
+    if eb not in (2, 4) or not isinstance(tile, int) or tile < 8 or tile % 8:
+        raise ValueError(f"shape: expected (2 or 4, a positive multiple of 8), got {shape!r}")
+    weight = torch.empty(T, k, dtype=torch.float32, device=x.device)
+    expert = torch.empty(T, k, dtype=torch.int64, device=x.device)
+    if T == 0:
+        return weight, expert
+    tiles = -(-T // tile)
+    scores = torch.empty(T, E, dtype=torch.float32, device=x.device)
+    done = _tile_counters(x.device, tiles)
+    fn = _kernel("moe_router", _index(x.device), (("ROUTER_D", d), ("ROUTER_E", E), ("ROUTER_EB", eb), ("ROUTER_K", k)),
+                 "moe_router")
+    launch(fn, (E // eb, tiles), (ROUTER_THREADS,),
+           (ptr(x), ptr(gate), ptr(scores), ptr(done), ptr(weight), ptr(expert), np.int32(T), np.int32(tile),
+            np.float32(scale)), device=x.device)
+    return weight, expert
 
 
 def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,7 +211,7 @@ def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Ten
     offs = torch.empty(n_local, dtype=torch.int32, device=dev)
     rowidx = torch.empty(S, dtype=torch.int32, device=dev)
     pos = torch.empty(S, dtype=torch.int32, device=dev)
-    fn = _kernel("moe_permute", dev.index if dev.index is not None else torch.cuda.current_device(), ())
+    fn = _kernel("moe_permute", _index(dev), ())
     launch(fn, (1,), (1024,), (ptr(expert), np.int32(S), np.int32(expert.shape[1]), np.int32(n_local),
                                ptr(offs), ptr(rowidx), ptr(pos)), device=dev)
     return offs, rowidx, pos
@@ -111,7 +219,8 @@ def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Ten
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int, *,
                  up: torch.Tensor | None = None, rowidx: torch.Tensor | None = None, nt: int = 1,
-                 shape: tuple[int, int] | None = None) -> torch.Tensor:
+                 shape: tuple[int, int] | None = None, shared: torch.Tensor | None = None,
+                 shared_up: torch.Tensor | None = None, shared_first: int = 0) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -127,11 +236,20 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     up : bf16 [E, N, K], optional
         With it the output is ``silu(x w^T) * (x up^T)`` in bf16 (gate and up in one pass);
         without, ``x w^T`` in float32.
-    rowidx : int32 [rows], optional
+    rowidx : int32 [>= shared_first with ``shared``, else >= rows], optional
     nt : int
         Token tiles of 8 per chunk (``chunk_tiles``).
     shape : (ksplit, stages), optional
         Warps splitting K and ring depth; default ``SHAPES[nt]``.
+    shared : bf16 [Ns, Ks], optional
+        An extra group (the shared expert) over positions ``shared_first .. rows - 1``: position
+        p reads token ``p - shared_first`` of x through the gather (row p without ``rowidx``),
+        its first Ks values (Ks <= K, a multiple of 64 * ksplit), and writes the first Ns
+        columns of its output row (Ns <= N, a multiple of the row tile).
+    shared_up : bf16 [Ns, Ks]
+        The extra group's up projection; required with ``up`` and ``shared``.
+    shared_first : int
+        The extra group's first position (the routed groups end at or before it).
 
     Returns
     -------
@@ -157,28 +275,52 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
                          f"N % {tile} == 0, got {tuple(x.shape)} and {tuple(w.shape)}")
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.shape != (E,) or offs.device != w.device:
         raise ValueError(f"offs: expected int32 [{E}] on {w.device}")
-    if rowidx is not None and (rowidx.dtype != torch.int32 or rowidx.dim() != 1 or rowidx.shape[0] < rows):
-        raise ValueError(f"rowidx: expected int32 [>= {rows}], got {rowidx.dtype} {tuple(rowidx.shape)}")
-    if x.device != w.device:
-        raise ValueError(f"x: expected the device of w ({w.device}), got {x.device}")
+    n_sh = k_sh = n_tok = 0
+    if shared is not None:
+        _check_bf16("shared", shared, 2)
+        n_sh, k_sh = shared.shape
+        if (up is None) != (shared_up is None):
+            raise ValueError("shared_up: expected exactly when both up and shared are given")
+        if shared_up is not None:
+            _check_bf16("shared_up", shared_up, 2)
+            if shared_up.shape != shared.shape:
+                raise ValueError(f"shared_up: expected the shape of shared {tuple(shared.shape)}, got "
+                                 f"{tuple(shared_up.shape)}")
+        if k_sh > K or k_sh % (64 * ksplit) or n_sh > N or n_sh % tile:
+            raise ValueError(f"shared: expected [Ns, Ks] with Ks <= {K}, Ks % {64 * ksplit} == 0, Ns <= {N} and "
+                             f"Ns % {tile} == 0, got {tuple(shared.shape)}")
+        if not isinstance(shared_first, int) or not 0 <= shared_first <= rows:
+            raise ValueError(f"shared_first: expected an int in 0..{rows}, got {shared_first!r}")
+        n_tok = rows - shared_first
+    elif shared_up is not None:
+        raise ValueError("shared_up: given without shared")
+    routed = shared_first if shared is not None else rows
+    if rowidx is not None and (rowidx.dtype != torch.int32 or rowidx.dim() != 1 or rowidx.shape[0] < routed):
+        raise ValueError(f"rowidx: expected int32 [>= {routed}], got {rowidx.dtype} {tuple(rowidx.shape)}")
+    if x.device != w.device or (shared is not None and shared.device != w.device):
+        raise ValueError(f"x, shared: expected the device of w ({w.device}), got {x.device}")
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
     if rows == 0:
         return out
-    idx = x.device.index if x.device.index is not None else torch.cuda.current_device()
     defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit), ("MOE_NT", nt),
                ("MOE_STAGES", stages))
-    fn = _kernel("moe_grouped_gemm", idx, defines)
-    launch(fn, (N // tile, E), (32 * ksplit,),
+    fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
+    chunks = -(-n_tok // (8 * nt))
+    s0 = shared if shared is not None else w
+    launch(fn, (N // tile, E + chunks), (32 * ksplit,),
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
-            ptr(out), np.int32(N)), shared_mem=smem_bytes(nt, ksplit, stages), device=x.device)
+            ptr(out), np.int32(N), np.int32(E), ptr(s0), ptr(s0 if shared_up is None else shared_up), np.int32(n_sh),
+            np.int32(k_sh), np.int32(shared_first), np.int32(n_tok)),
+           shared_mem=smem_bytes(nt, ksplit, stages), device=x.device)
     return out
 
 
-def combine(ys: torch.Tensor, pos: torch.Tensor, weight: torch.Tensor, base: torch.Tensor | None = None) -> torch.Tensor:
-    """``out[t] = base[t] + sum_s weight[t, s] ys[pos[t, s]]`` over slots with ``pos >= 0``, float32 sums.
+def combine(ys: torch.Tensor, pos: torch.Tensor, weight: torch.Tensor, shared_first: int | None = None) -> torch.Tensor:
+    """``out[t] = ys[shared_first + t] + sum_s weight[t, s] ys[pos[t, s]]`` over slots with ``pos >= 0``,
+    float32 sums (without ``shared_first``, no shared row).
 
     ``ys`` float32 [P, dim] (dim % 4 == 0), ``pos`` int32 [T k], ``weight`` float32 [T, k]
-    (k <= 8), ``base`` bf16 [T, dim] or None. Returns bf16 [T, dim].
+    (k <= 8), ``shared_first`` with ``shared_first + T <= P``. Returns bf16 [T, dim].
     """
     from kdtree.kernels import launch, ptr
 
@@ -190,23 +332,21 @@ def combine(ys: torch.Tensor, pos: torch.Tensor, weight: torch.Tensor, base: tor
     if pos.dtype != torch.int32 or pos.numel() != T * k:
         raise ValueError(f"pos: expected int32 [{T * k}], got {pos.dtype} {tuple(pos.shape)}")
     D = ys.shape[1]
-    if base is not None:
-        _check_bf16("base", base, 2)
-        if base.shape != (T, D):
-            raise ValueError(f"base: expected [{T}, {D}], got {tuple(base.shape)}")
+    if shared_first is not None and (not isinstance(shared_first, int) or not 0 <= shared_first <= ys.shape[0] - T):
+        raise ValueError(f"shared_first: expected an int in 0..{ys.shape[0] - T}, got {shared_first!r}")
     out = torch.empty(T, D, device=ys.device, dtype=torch.bfloat16)
     if T == 0:
         return out
-    idx = ys.device.index if ys.device.index is not None else torch.cuda.current_device()
-    fn = _kernel("moe_combine", idx, (("MOE_TOPK", k),))
+    fn = _kernel("moe_combine", _index(ys.device), (("MOE_TOPK", k),))
     launch(fn, (T,), (256,), (ptr(ys), ptr(pos.contiguous()), ptr(weight.contiguous()),
-                              np.uint64(0) if base is None else ptr(base), ptr(out), np.int32(D)), device=ys.device)
+                              np.int32(-1 if shared_first is None else shared_first), ptr(out), np.int32(D)),
+           device=ys.device)
     return out
 
 
 def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                   w2: torch.Tensor, base: torch.Tensor | None = None, experts_total: int | None = None) -> torch.Tensor:
-    """The weighted sum [T, dim] of each token's local experts (``MoE.experts``), plus ``base``.
+                   w2: torch.Tensor, shared: tuple | None = None, experts_total: int | None = None) -> torch.Tensor:
+    """The weighted sum [T, dim] of each token's local experts (``MoE.experts``), plus the shared expert.
 
     Parameters
     ----------
@@ -219,8 +359,10 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
         Gate and up projections.
     w2 : bf16 [E, dim, inter]
         Down projection.
-    base : bf16 [T, dim], optional
-        Added to the sum (the shared expert's output).
+    shared : (w1, w3, w2), optional
+        The shared expert's gate and up [inter_s, dim] and down [dim, inter_s] (bf16, inter_s a
+        multiple of 256, at most inter): computed for every token inside the same two GEMM
+        launches and added with weight 1.
     experts_total : int, optional
         Global experts the router chooses from (sizes the token chunks); default E.
     """
@@ -234,12 +376,24 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
     if weight.shape != expert.shape or weight.shape[0] != x.shape[0]:
         raise ValueError(f"weight, expert: expected [T={x.shape[0]}, k] each, got {tuple(weight.shape)}, "
                          f"{tuple(expert.shape)}")
+    s1 = s3 = s2 = None
+    if shared is not None:
+        if not isinstance(shared, (tuple, list)) or len(shared) != 3:
+            raise TypeError("shared: expected a tuple (w1, w3, w2) of the shared expert's weights")
+        s1, s3, s2 = shared
+        for name, w in (("shared w1", s1), ("shared w3", s3), ("shared w2", s2)):
+            _check_bf16(name, w, 2)
+        hs = s1.shape[0]
+        if s1.shape != (hs, d) or s3.shape != (hs, d) or s2.shape != (d, hs):
+            raise ValueError(f"shared: expected w1, w3 [inter_s, {d}] and w2 [{d}, inter_s], got {tuple(s1.shape)}, "
+                             f"{tuple(s3.shape)}, {tuple(s2.shape)}")
     T, k = expert.shape
     nt = chunk_tiles(T, k, experts_total or E)
+    rows = T * k + (T if shared is not None else 0)
     offs, rowidx, pos = permute(expert, E)
-    hid = grouped_gemm(x, w1, offs, T * k, up=w3, rowidx=rowidx, nt=nt)
-    ys = grouped_gemm(hid, w2, offs, T * k, nt=nt)
-    return combine(ys, pos, weight.float(), base)
+    hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, nt=nt, shared=s1, shared_up=s3, shared_first=T * k)
+    ys = grouped_gemm(hid, w2, offs, rows, nt=nt, shared=s2, shared_first=T * k)
+    return combine(ys, pos, weight.float(), T * k if shared is not None else None)
 
 
 def reference_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rowidx: torch.Tensor | None = None,
@@ -261,4 +415,14 @@ def reference_grouped(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rowi
             out[first:end] = g / (1 + torch.exp(-g)) * (xe @ ud[e].T)
         first = end
     return out
+
+
+def reference_route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route`` in float64 on the host: scores ``sigmoid(x gate^T)``, each token's top ``k`` by
+    score descending and expert id ascending among equal scores, renormalised and scaled.
+    Returns (weight float64 [T, k], expert int64 [T, k])."""
+    scores = torch.sigmoid(x.double().cpu() @ gate.double().cpu().T)
+    order = scores.sort(dim=-1, descending=True, stable=True).indices[:, :k]   # stable: equal scores keep id order
+    top = scores.gather(1, order)
+    return top / top.sum(-1, keepdim=True) * scale, order
 

@@ -14,27 +14,42 @@ COUNTS = {
 }
 
 
-def grouped_case(counts, K, N, gated, nt, seed, gather):
+def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
     """(got, reference, positions) of one ``grouped_gemm`` call: float64 reference on the host.
 
     ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
-    as top-k routing does); otherwise x holds the positions' rows in order.
+    as top-k routing does); otherwise x holds the positions' rows in order. ``shared`` (Ns, Ks,
+    tokens): an extra group of that shape over ``tokens`` positions after the routed rows, whose
+    outputs (their first Ns columns) follow the routed ones in ``got`` and the reference.
     """
     g = torch.Generator().manual_seed(seed)
     E, P = len(counts), sum(counts)
     offs = torch.tensor(counts).cumsum(0).to(torch.int32)
-    rows = P + 3                               # static rows past offs[-1], left undefined
+    first = P + 3                              # static rows past offs[-1], left undefined
+    Ns, Ks, S = shared if shared is not None else (0, 0, 0)
+    rows = first + S
     if gather:
-        x = torch.randn(max(P // 2, 1), K, generator=g).to(torch.bfloat16)
-        rowidx = torch.randint(0, x.shape[0], (rows,), generator=g, dtype=torch.int32)
+        x = torch.randn(max(P // 2, S, 1), K, generator=g).to(torch.bfloat16)
+        rowidx = torch.randint(0, x.shape[0], (first,), generator=g, dtype=torch.int32)
     else:
         x, rowidx = torch.randn(rows, K, generator=g).to(torch.bfloat16), None
     w = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(torch.bfloat16)
     up = (torch.randn(E, N, K, generator=g) * K ** -0.5).to(torch.bfloat16) if gated else None
     ref = ek.reference_grouped(x, w, offs, rowidx, up)
+    kw = {}
+    if shared is not None:
+        sw = (torch.randn(Ns, Ks, generator=g) * Ks ** -0.5).to(torch.bfloat16)
+        su = (torch.randn(Ns, Ks, generator=g) * Ks ** -0.5).to(torch.bfloat16) if gated else None
+        xs = (x[:S] if gather else x[first:]).double()[:, :Ks]        # token p - first, or row p
+        r = xs @ sw.double().T
+        if gated:
+            r = r / (1 + torch.exp(-r)) * (xs @ su.double().T)
+        ref = torch.cat((ref, r))
+        kw = dict(shared=sw.cuda(), shared_up=None if su is None else su.cuda(), shared_first=first)
     got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
-                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt)
-    return got[:P].double().cpu(), ref, P
+                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, **kw)
+    got = torch.cat((got[:P], got[first:, :Ns])) if shared is not None else got[:P]
+    return got.double().cpu(), ref, P
 
 
 def grouped_error(got, ref, gated):

@@ -1,4 +1,5 @@
-"""Small run of every kernel of cuda/moe_grouped.cu, for compute-sanitizer (see test_moe.py)."""
+"""Small run of every kernel of cuda/moe_grouped.cu and cuda/moe_router.cu, for compute-sanitizer
+(see test_moe.py)."""
 import sys
 from pathlib import Path
 
@@ -11,9 +12,10 @@ from moe_cases import COUNTS, grouped_case, grouped_error  # noqa: E402
 for i, (name, counts) in enumerate(COUNTS.items()):
     for gated, N in ((True, 48), (False, 64)):
         for nt in (1, 4):
-            got, ref, _ = grouped_case(counts, 512, N, gated, nt, seed=i, gather=gated)
-            err, bound = grouped_error(got, ref, gated)
-            assert err <= bound, (name, gated, nt, err)
+            for shared in (None, (N // 16 * 16 if gated else N, 512 if gated else 256, 11)):
+                got, ref, _ = grouped_case(counts, 512, N, gated, nt, seed=i, gather=gated, shared=shared)
+                err, bound = grouped_error(got, ref, gated)
+                assert err <= bound, (name, gated, nt, shared, err)
 g = torch.Generator(device="cuda").manual_seed(0)
 T, k, E = 13, 4, 6
 expert = torch.stack([torch.randperm(16, device="cuda", generator=g)[:k] for _ in range(T)])
@@ -21,6 +23,10 @@ x = torch.randn(T, 256, device="cuda", generator=g).to(torch.bfloat16)
 w1, w3 = (torch.randn(2, E, 256, 256, device="cuda", generator=g) / 16).to(torch.bfloat16)
 w2 = (torch.randn(E, 256, 256, device="cuda", generator=g) / 16).to(torch.bfloat16)
 weight = torch.rand(T, k, device="cuda", generator=g)
-ek.routed_experts(x, weight, expert, w1, w3, w2, base=x, experts_total=16)
+shared = ((torch.randn(3, 256, 256, device="cuda", generator=g) / 16).to(torch.bfloat16)).unbind(0)
+ek.routed_experts(x, weight, expert, w1, w3, w2, shared=shared, experts_total=16)
+for T in (1, 40, 130):                       # both router shapes, partial token tiles
+    xr = torch.randn(T, 1024, device="cuda", generator=g).to(torch.bfloat16)
+    ek.route(xr, torch.randn(64, 1024, device="cuda", generator=g) / 32, 6, 1.0)
 torch.cuda.synchronize()
 print("selfcheck ok")

@@ -146,6 +146,49 @@ def test_moe_layer_cost_hand_counts():
         moe_layer_cost(**kw, weight_bytes=3)
 
 
+def test_moe_layer_cost_kernel_path_hand_counts():
+    """The kernel path: one router launch, then permute, the two grouped GEMMs with the shared
+    expert's rows inside them, and the combine; same FLOPs and minimum bytes as the torch path."""
+    kw = dict(tokens=3, distinct=2, local_slots=3, dim=4, inter=2, shared_inter=2, experts=8, k=2)
+    torch_path = moe_layer_cost(**kw)
+    kern = moe_layer_cost(**kw, router_kernel=True, expert_kernels=True)
+    assert kern.launches == 5 and torch_path.launches == 6 + 10 + 2 + 2 + 1 + 6 + 6
+    assert kern.flops == torch_path.flops and kern.bytes_min == torch_path.bytes_min
+    gate_up, down = kern.parts[2], kern.parts[3]
+    assert gate_up.flops_exec == 2 * 2 * (3 * 2 + 3 * 2) * 4       # 3 local slots and 3 shared rows
+    assert down.dram_write == (3 + 3) * 4 * 4                       # float32 rows of both
+    assert gate_up.dram_read >= 2 * 2 * 2 * 4 * 2 + 2 * 2 * 4 * 2    # routed gate/up and shared gate/up weights
+    assert kern.parts[0].dram_write == 3 * 8 * 4 + 3 * 2 * 12        # scores, then weights and ids
+    no_shared = moe_layer_cost(**(kw | {"shared_inter": 0}), expert_kernels=True)
+    assert no_shared.parts[-1].dram_read == 3 * 4 * 4 + 6 * 8        # local rows only, pos and weights
+    with pytest.raises(ValueError, match="expert_kernels"):
+        moe_layer_cost(**kw, weight_bytes=1, expert_kernels=True)
+
+
+def test_reference_route_breaks_ties_by_the_lowest_id(gen):
+    """The float64 router reference: the torch path's choice where scores differ, the lowest id
+    among equal scores (the rule of ``kdtree.experts.route``)."""
+    moe = build_model(get_config("tiny_ep"), seed=4).layers[1].ffn
+    x = torch.randn(9, moe.gate.weight.shape[1], generator=gen)
+    w, e = moe.route(x)
+    rw, re = ek.reference_route(x, moe.gate.weight, moe.k, moe.scale)
+    assert torch.equal(re, e) and torch.allclose(rw, w.double(), atol=1e-6)
+    gate = moe.gate.weight.clone()
+    gate[[9, 12]] = gate[2].clone()               # three equal rows: equal scores for every token
+    x[0] = gate[2] * 50                           # ... and the best ones for token 0
+    _, re = ek.reference_route(x, gate, 2, 1.0)
+    assert re[0].tolist() == [2, 9]
+
+
+def test_router_kernel_rejects_bad_input():
+    x = torch.zeros(4, 1024, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="x: expected a bf16 CUDA tensor"):
+        ek.route(x, torch.zeros(32, 1024), 2, 1.0)
+    assert not ek.router_supported(x, torch.zeros(32, 1024), 2)
+    assert [ek.router_shape(T) for T in (1, 32, 33, 64, 65, 1025)] == [(2, 8), (2, 8), (4, 8), (4, 8), (4, 64),
+                                                                        (4, 64)]
+
+
 def test_bench_records_a_failed_check_and_goes_on(monkeypatch):
     """A point whose output misses the reference is recorded with the error and never timed."""
     import kdtree.bench.moe as bench
@@ -234,6 +277,111 @@ def test_grouped_gemm_against_float64(case, gated, nt, gather):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("nt", [1, 4])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("tokens", [1, 9, 70])
+@pytest.mark.parametrize("case", ["mixed", "none"])
+def test_grouped_gemm_shared_group_against_float64(case, tokens, gated, nt, gather):
+    """The shared expert as an extra group: its own row count and K (gate/up: K of x; down: a
+    shorter K than the routed experts'), over ``tokens`` positions after the routed rows, in
+    chunks of 8 nt (one and several chunks, a partial last one)."""
+    shared = (48, 768, tokens) if gated else (64, 256, tokens)
+    got, ref, _ = grouped_case(COUNTS[case], 768, 80 if gated else 96, gated, nt, seed=tokens, gather=gather,
+                               shared=shared)
+    err, bound = grouped_error(got, ref, gated)
+    assert err <= bound, f"relative error {err:.3g} > {bound:.3g}"
+
+
+def _router_case(T, D, E, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g).to(torch.bfloat16)
+    gate = torch.randn(E, D, generator=g) * D ** -0.5
+    return x, gate
+
+
+def _assert_route_matches(x, gate, k, scale, weight, expert, tol=1e-5):
+    """Each token's k ids distinct, best first, and a top k of the float64 scores up to ``tol``
+    (float32 accumulation over dim); the weights renormalised over the chosen ones in float64."""
+    s = torch.sigmoid(x.double() @ gate.double().T)
+    e, w = expert.cpu(), weight.cpu().double()
+    assert e.dtype == torch.int64 and w.dtype == torch.float64
+    assert all(len(set(row.tolist())) == k for row in e)
+    chosen = s.gather(1, e)
+    rest = s.scatter(1, e, float("-inf")).amax(1)
+    assert bool((chosen.amin(1) >= rest - tol).all())                     # a top k
+    assert bool((chosen[:, :-1] >= chosen[:, 1:] - tol).all())             # best first
+    torch.testing.assert_close(w, chosen / chosen.sum(1, keepdim=True) * scale, atol=tol * scale, rtol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 7, 32, 33, 65, 130, 1025])
+def test_router_kernel_against_float64(T):
+    """Kimi K2's router shape (dim 7168, 384 experts, top 8) on fresh random inputs, every
+    token-tile and expert-tile shape of ``router_shape`` (odd T, partial tiles)."""
+    x, gate = _router_case(T, 7168, 384, 8, seed=torch.seed() % 2**31)
+    w, e = ek.route(x.cuda(), gate.cuda(), 8, 2.827)
+    _assert_route_matches(x, gate, 8, 2.827, w, e)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 13, 97])
+def test_router_kernel_small_shape(T):
+    """dim 1024 (one float4 per thread), 32 experts (one score per lane), top 3."""
+    x, gate = _router_case(T, 1024, 32, 3, seed=torch.seed() % 2**31)
+    w, e = ek.route(x.cuda(), gate.cuda(), 3, 1.0)
+    _assert_route_matches(x, gate, 3, 1.0, w, e)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [5, 70])
+def test_router_kernel_ties_go_to_the_lowest_id(T):
+    """Equal gate rows give bitwise-equal float32 scores; among them the lowest ids win, at the
+    k boundary too, as in the float64 reference."""
+    x, gate = _router_case(T, 7168, 384, 8, seed=torch.seed() % 2**31)
+    gate[[9, 200, 383]] = gate[5].clone()                  # four equal experts
+    x[:3] = (gate[5] * 60).to(torch.bfloat16)              # ... the best ones of tokens 0..2
+    w, e = ek.route(x.cuda(), gate.cuda(), 2, 1.0)
+    assert e[:3].cpu().tolist() == [[5, 9]] * 3 and torch.equal(w[:3].cpu(), torch.full((3, 2), 0.5))
+    assert torch.equal(e[:3].cpu(), ek.reference_route(x[:3], gate, 2, 1.0)[1])
+    _assert_route_matches(x, gate, 2, 1.0, w, e)
+    w8, e8 = ek.route(x.cuda(), gate.cuda(), 8, 1.0)
+    assert e8[:3, :4].cpu().tolist() == [[5, 9, 200, 383]] * 3
+
+
+@pytest.mark.gpu
+def test_router_kernel_captures_and_resets_its_counters():
+    """In a CUDA graph and eagerly around it: the same outputs every time (each launch leaves its
+    token tiles' counters at zero for the next), T = 0 gives empty outputs."""
+    x, gate = _router_case(130, 7168, 384, 8, seed=1)
+    x, gate = x.cuda(), gate.cuda()
+    w0, e0 = ek.route(x, gate, 8, 2.5)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w, e = ek.route(x, gate, 8, 2.5)
+    for _ in range(3):
+        graph.replay()
+        w1, e1 = ek.route(x, gate, 8, 2.5)
+    torch.cuda.synchronize()
+    assert torch.equal(w, w0) and torch.equal(e, e0) and torch.equal(w1, w0) and torch.equal(e1, e0)
+    assert ek._COUNTERS[torch.cuda.current_device()].abs().sum() == 0
+    w, e = ek.route(x[:0], gate, 8, 2.5)
+    assert w.shape == (0, 8) and e.shape == (0, 8)
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_kernel_layer_is_five_launches():
+    """Router, permute, gate/up, down, combine: the whole bf16 layer, shared expert included."""
+    from kdtree.bench.moe import count_kernels
+
+    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16, seed=3)
+    x = torch.randn(17, moe.w1.shape[2], device="cuda").to(torch.bfloat16)
+    assert moe.use_kernels(x) and moe.use_router_kernel(x)
+    assert count_kernels(lambda: moe(x)) == 5
+
+
+@pytest.mark.gpu
 def test_permute_invariants():
     g = torch.Generator(device="cuda").manual_seed(3)
     T, k, E, El = 257, 8, 384, 48
@@ -298,5 +446,7 @@ def test_kernel_entry_points_reject_bad_input():
         ek.permute(torch.zeros(3, 2, dtype=torch.int64), 4)
     with pytest.raises(ValueError, match="ys: expected contiguous float32"):
         ek.combine(torch.zeros(4, 6), torch.zeros(4, dtype=torch.int32), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="shared_first"):
+        ek.combine(torch.zeros(4, 8), torch.zeros(4, dtype=torch.int32), torch.zeros(2, 2), 3)
     assert not ek.supported(x, w, w, 2)                       # CPU tensors take the torch path
     assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]

@@ -6,8 +6,10 @@ token touches about one local expert, but T tree tokens touch about
 ``E_local (1 - (1 - k / E)^T)`` of them under uniform routing (``expected_distinct``): the
 expert weights streamed per layer grow up to E_local-fold, and at small batch the MoE is a
 memory-bound stream of expert weights. This module measures the engine's own MoE module
-(``kdtree.engine.model.MoE``: float32 router, permutation, ``torch._grouped_mm`` or, for fp8
-experts, ``torch._scaled_grouped_mm``, weighted combine) under graph replay, for three routings:
+(``kdtree.engine.model.MoE``: float32 router, permutation, grouped GEMMs, weighted combine,
+shared expert; on a GPU the bf16 layer runs as ``kdtree.experts``' five kernels, the torch
+path with ``torch._grouped_mm`` or, for fp8 experts, ``torch._scaled_grouped_mm`` is timed
+beside it) under graph replay, for three routings:
 
 * ``model``: the layer's router on random activations;
 * ``uniform``: every token's k experts a uniform random k-subset of the E global experts;
@@ -17,9 +19,10 @@ experts, ``torch._scaled_grouped_mm``, weighted combine) under graph replay, for
 For the synthetic routings the router still runs (its time counts) and its choice is replaced.
 Each point is checked against a float64 per-slot reference first, then timed; the byte model
 (``moe_layer_cost``) counts the distinct local experts' weights (the algorithmic minimum, what
-HBM must deliver) and the activation traffic of the static-shape permutation (every one of the
-T x k slots is gathered, gated and combined, local or not), and ``kdtree.bench.roofline`` says
-which roof binds.
+HBM must deliver) and the activation traffic of the code path the layer took (the torch path's
+static-shape permutation gathers, gates and combines every one of the T x k slots, local or
+not; the kernels touch the local slots and the shared rows only), and ``kdtree.bench.roofline``
+says which roof binds.
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def expected_distinct(tokens: int, k: int, experts: int, local: int) -> float:
 
 
 def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, inter: int, shared_inter: int,
-                   experts: int, k: int, weight_bytes: int = 2, act_bytes: int = 2) -> Cost:
+                   experts: int, k: int, weight_bytes: int = 2, act_bytes: int = 2, router_kernel: bool = False,
+                   expert_kernels: bool = False) -> Cost:
     """FLOPs and bytes of one MoE layer call on one GPU (router, routed experts, shared expert).
 
     Parameters
@@ -76,17 +80,26 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
         4 for the float32 CPU path.
     act_bytes : int
         Bytes per activation value (2 for bf16, 4 for the float32 CPU path).
+    router_kernel : bool
+        The router runs as ``kdtree.experts.route`` (one launch: it writes the T x E float32
+        scores and its last blocks read them back for the top-k), else as torch ops.
+    expert_kernels : bool
+        The experts run as ``kdtree.experts.routed_experts`` (bf16): a permutation kernel, the
+        gate/up and the down grouped GEMM over the local slots and the shared expert's T rows
+        (an extra group of each), and the combine, which reads each token's local rows and
+        shared row (float32) and writes the output. Else the torch path of ``MoE.experts``: the
+        static-shape permutation gathers, gates, weights, un-permutes and sums all T x k slots,
+        local or not, and the shared expert runs as its own SwiGLU.
 
     Returns
     -------
     Cost
         ``bytes_min``: the touched experts' weights (and fp8 scales), the shared expert, the
-        float32 router and the layer's input and output, each once. The launches follow
-        ``MoE.experts``: the static-shape permutation gathers, gates, weights, un-permutes and
-        sums all T x k slots, local or not, and those intermediates are counted as written and
-        read again (``carried``); the grouped GEMMs read each touched expert once and run only
-        the local rows. Launch counts are per op of the code path (the run's kernel count is
-        in the bench's ``kernels`` column).
+        float32 router and the layer's input and output, each once. Intermediates written and
+        read again by a later launch are ``carried``; the grouped GEMMs read each touched
+        expert once and run only the local rows (and, on the kernel path, the shared rows).
+        Launch counts are per op of the code path (the run's kernel count is in the bench's
+        ``kernels`` column).
     """
     for name, v in (("tokens", tokens), ("distinct", distinct), ("local_slots", local_slots), ("dim", dim),
                     ("inter", inter), ("shared_inter", shared_inter), ("experts", experts), ("k", k)):
@@ -96,6 +109,8 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
         raise ValueError(f"local_slots: {local_slots} exceeds tokens * k = {tokens * k}")
     if weight_bytes not in (1, 2, 4):
         raise ValueError(f"weight_bytes: expected 1 (fp8), 2 (bf16) or 4 (float32), got {weight_bytes!r}")
+    if expert_kernels and (weight_bytes != 2 or act_bytes != 2):
+        raise ValueError("expert_kernels: the kernel path runs bf16 experts and activations only")
     fp8, b, T, R, Rl = weight_bytes == 1, act_bytes, tokens, tokens * k, local_slots
     scales = 4 * (2 * inter + dim) if fp8 else 0
     w13 = distinct * (2 * inter * dim * weight_bytes + 4 * 2 * inter * fp8)
@@ -106,28 +121,47 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
     def launch(name, flops, read, write, carried=0.0, count=1):
         return Launch(name, float(flops), float(read), float(write), float(read), float(write), float(carried), count)
 
-    parts = [launch("router: float32 gate, sigmoid, top-k, renormalise", 2 * T * experts * dim,
-                    experts * dim * 4 + T * dim * b, R * 12, count=6),
-             launch("permute: sort slots by expert, offsets, gather rows", 0, T * dim * b + R * 24, R * dim * b,
-                    count=10)]
-    if fp8:
-        parts.append(launch("quantize activations per row (gate/up and down inputs)", 0,
-                            R * (dim + inter) * b, R * (dim + inter + 8), R * (dim + inter) * b, count=8))
-    xin = Rl * dim * (1 if fp8 else b)
-    hin = Rl * inter * (1 if fp8 else b)
-    parts += [launch("grouped GEMMs: gate and up projections", 2 * 2 * Rl * inter * dim, w13 + 2 * xin,
-                     2 * Rl * inter * b, 2 * xin, count=2),
-              launch("SiLU and multiply over all slots", 0, 3 * R * inter * b, 2 * R * inter * b,
-                     3 * R * inter * b, count=2),
-              launch("grouped GEMM: down projection", 2 * Rl * inter * dim, w2 + hin, Rl * dim * b, hin),
-              launch("weight, mask, un-permute, sum the slots", 0, 5 * R * dim * b + R * 9,
-                     3 * R * dim * b + T * dim * b, 5 * R * dim * b, count=6)]
-    if shared_inter:
-        parts.append(launch("shared expert (dense SwiGLU) and the residual add", 2 * 3 * T * shared_inter * dim,
-                            shared + T * dim * b * 3 + 3 * T * shared_inter * b, T * dim * b * 2
-                            + 3 * T * shared_inter * b, 3 * T * shared_inter * b + T * dim * b, count=6))
+    gate_flops = 2 * T * experts * dim
+    if router_kernel:
+        parts = [launch("moe_router: float32 gate, sigmoid, top-k, renormalise", gate_flops,
+                        experts * dim * 4 + T * dim * b + T * experts * 4, T * experts * 4 + R * 12, T * experts * 4)]
+    else:
+        parts = [launch("router: float32 gate, sigmoid, top-k, renormalise", gate_flops,
+                        experts * dim * 4 + T * dim * b, R * 12, count=6)]
+    if expert_kernels:
+        S = T if shared_inter else 0                          # the shared expert's rows
+        xin, hin = (Rl + S) * dim * b, (Rl * inter + S * shared_inter) * b
+        parts += [launch("moe_permute: group ends, positions, tokens", 0, R * 8, 2 * R * 4, R * 8),
+                  launch("moe_grouped_gemm: gate and up (routed and shared), SiLU product",
+                         2 * 2 * (Rl * inter + S * shared_inter) * dim,
+                         w13 + 2 * shared_inter * dim * b + xin + Rl * 4, hin, Rl * 4),
+                  launch("moe_grouped_gemm: down (routed and shared), float32 out",
+                         2 * (Rl * inter + S * shared_inter) * dim, w2 + shared_inter * dim * b + hin,
+                         (Rl + S) * dim * 4, hin),
+                  launch("moe_combine: weighted slot sum plus the shared row", 0, (Rl + S) * dim * 4 + R * 8,
+                         T * dim * b, (Rl + S) * dim * 4 + R * 8)]
+    else:
+        parts.append(launch("permute: sort slots by expert, offsets, gather rows", 0, T * dim * b + R * 24,
+                            R * dim * b, count=10))
+        if fp8:
+            parts.append(launch("quantize activations per row (gate/up and down inputs)", 0,
+                                R * (dim + inter) * b, R * (dim + inter + 8), R * (dim + inter) * b, count=8))
+        xin = Rl * dim * (1 if fp8 else b)
+        hin = Rl * inter * (1 if fp8 else b)
+        parts += [launch("grouped GEMMs: gate and up projections", 2 * 2 * Rl * inter * dim, w13 + 2 * xin,
+                         2 * Rl * inter * b, 2 * xin, count=2),
+                  launch("SiLU and multiply over all slots", 0, 3 * R * inter * b, 2 * R * inter * b,
+                         3 * R * inter * b, count=2),
+                  launch("grouped GEMM: down projection", 2 * Rl * inter * dim, w2 + hin, Rl * dim * b, hin),
+                  launch("weight, mask, un-permute, sum the slots", 0, 5 * R * dim * b + R * 9,
+                         3 * R * dim * b + T * dim * b, 5 * R * dim * b, count=6)]
+        if shared_inter:
+            parts.append(launch("shared expert (dense SwiGLU) and the residual add", 2 * 3 * T * shared_inter * dim,
+                                shared + T * dim * b * 3 + 3 * T * shared_inter * b, T * dim * b * 2
+                                + 3 * T * shared_inter * b, 3 * T * shared_inter * b + T * dim * b, count=6))
     note = (f"{distinct} distinct local experts ({ {1: 'fp8', 2: 'bf16', 4: 'float32'}[weight_bytes]}) for {T} tokens, "
-            f"{Rl} local slots of {R}")
+            f"{Rl} local slots of {R}; router {'kernel' if router_kernel else 'torch'}, experts "
+            f"{'kernels' if expert_kernels else 'torch'}")
     return Cost(2.0 * (3 * Rl * inter * dim + 3 * T * shared_inter * dim + T * experts * dim), float(bytes_min),
                 "tensor", tuple(parts), note)
 
@@ -313,7 +347,7 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
 
                 def call(x=x, expert=expert):
                     w, _ = moe.route(x)                       # the router runs; its choice is replaced
-                    return moe.experts(x, w, expert, moe.shared(x) if moe.shared is not None else None)
+                    return moe.experts(x, w, expert, shared=True)
 
                 t = (time_graph(call, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)
                      if cuda else time_host(call, reps=3 if quick else 10, warmup=1))
@@ -329,7 +363,8 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
                     cost = moe_layer_cost(tokens=T, distinct=row["distinct"], local_slots=row["local_slots"],
                                           dim=cfg.dim, inter=cfg.moe_inter_dim, shared_inter=cfg.shared_dim,
                                           experts=E, k=k, weight_bytes=1 if use_fp8 else bytes_per,
-                                          act_bytes=bytes_per)
+                                          act_bytes=bytes_per, router_kernel=moe.use_router_kernel(x),
+                                          expert_kernels=moe.use_kernels(x))
                     row |= classify_point(cost, ceilings, t.median_us, t.mode, t.l2, name, "moe_layer")
                     row["hbm_fraction"] = row["achieved_tbs"] * 1e12 / ceilings.hbm_bw
                     experts_bytes = cost.bytes_min - 2 * T * cfg.dim * bytes_per - E * cfg.dim * 4 \
@@ -358,13 +393,14 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
     DataFrame
         One row per stage, in path order, then ``whole`` (the full call: router, routed
         experts, shared expert), with ``path`` (``kernels`` or ``torch``), ``stage``,
-        ``weight_bytes`` (the distinct local experts' weights the stage streams; 0 for stages
-        without them) and the timing columns (graph replay on CUDA, host clock on CPU).
-        Kernel path: router, permute (one kernel), gate_up (gate and up in one grouped GEMM
-        with the SiLU product), down, combine (weights, slot sum, shared expert added),
-        shared. Torch path: router, permute (sort, offsets, gathered rows), gate_up (two
-        grouped GEMMs), act (SiLU and product), down, combine (weights, mask, un-permute, slot
-        sum, shared expert added), shared.
+        ``weight_bytes`` (the weights the stage streams: the distinct local experts', the
+        shared expert's, the router's float32 gate; 0 for stages without weights) and the
+        timing columns (graph replay on CUDA, host clock on CPU). Kernel path: router (one
+        launch), permute (one kernel), gate_up (gate and up of the routed and the shared
+        expert in one grouped GEMM with the SiLU product), down (the same two), combine
+        (weights, slot sum, shared rows added). Torch path: router, permute (sort, offsets,
+        gathered rows), gate_up (two grouped GEMMs), act (SiLU and product), down, combine
+        (weights, mask, un-permute, slot sum, shared expert added), shared.
     """
     from kdtree import experts as ek
 
@@ -376,18 +412,30 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
     weight, _ = moe.route(x)
     distinct = int(expert[expert < E].unique().numel())
     wb = moe.w1.element_size()
-    base = moe.shared(x) if moe.shared is not None else None
-    stages = [("router", lambda: moe.route(x), 0)]
+    hs = moe.shared.w1.weight.shape[0] if moe.shared is not None else 0
+    sb = moe.shared.w1.weight.element_size() if moe.shared is not None else 0
+    gate_bytes = moe.gate.weight.numel() * moe.gate.weight.element_size()
+    stages = [("router", lambda: moe.route(x), gate_bytes)]
     if moe.use_kernels(x):
         nt = ek.chunk_tiles(T, k, moe.n_routed)
+        sh = (moe.shared.w1.weight, moe.shared.w3.weight, moe.shared.w2.weight) if hs else (None, None, None)
+        rows = T * k + (T if hs else 0)
         offs, rowidx, pos = ek.permute(expert, E)
-        hid = ek.grouped_gemm(x, moe.w1, offs, T * k, up=moe.w3, rowidx=rowidx, nt=nt)
-        ys = ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt)
+
+        def gate_up():
+            return ek.grouped_gemm(x, moe.w1, offs, rows, up=moe.w3, rowidx=rowidx, nt=nt, shared=sh[0],
+                                   shared_up=sh[1], shared_first=T * k)
+
+        hid = gate_up()
+
+        def down():
+            return ek.grouped_gemm(hid, moe.w2, offs, rows, nt=nt, shared=sh[2], shared_first=T * k)
+
+        ys = down()
         stages += [("permute", lambda: ek.permute(expert, E), 0),
-                   ("gate_up", lambda: ek.grouped_gemm(x, moe.w1, offs, T * k, up=moe.w3, rowidx=rowidx, nt=nt),
-                    distinct * 2 * h * d * wb),
-                   ("down", lambda: ek.grouped_gemm(hid, moe.w2, offs, T * k, nt=nt), distinct * h * d * wb),
-                   ("combine", lambda: ek.combine(ys, pos, weight, base), 0)]
+                   ("gate_up", gate_up, distinct * 2 * h * d * wb + 2 * hs * d * sb),
+                   ("down", down, distinct * h * d * wb + hs * d * sb),
+                   ("combine", lambda: ek.combine(ys, pos, weight, T * k if hs else None), 0)]
         path = "kernels"
     else:
         def permute():
@@ -398,6 +446,7 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
         g, u = grouped_linear(xs, moe.w1, offs), grouped_linear(xs, moe.w3, offs)
         hid = torch.nn.functional.silu(g) * u
         ys = grouped_linear(hid, moe.w2, offs)
+        base = moe.shared(x) if hs else None
 
         def combine():
             y = ys * weight.flatten()[order, None].to(x.dtype)
@@ -411,15 +460,15 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
                    ("act", lambda: torch.nn.functional.silu(g) * u, 0),
                    ("down", lambda: grouped_linear(hid, moe.w2, offs), distinct * h * d * wb),
                    ("combine", combine, 0)]
+        if hs:
+            stages.append(("shared", lambda: moe.shared(x), 3 * hs * d * sb))
         path = "torch"
-    if moe.shared is not None:
-        stages.append(("shared", lambda: moe.shared(x), 0))
 
     def whole():
         w, _ = moe.route(x)
-        return moe.experts(x, w, expert, moe.shared(x) if moe.shared is not None else None)
+        return moe.experts(x, w, expert, shared=True)
 
-    stages.append(("whole", whole, distinct * 3 * h * d * wb))
+    stages.append(("whole", whole, gate_bytes + distinct * 3 * h * d * wb + 3 * hs * d * sb))
     rows = [dict(path=path, stage=name, tokens=T, distinct=distinct, weight_bytes=float(nbytes), **timer(fn).as_dict())
             for name, fn, nbytes in stages]
     return pd.DataFrame(rows)

@@ -250,10 +250,13 @@ class MoE(nn.Module):
     With ``cfg.expert_fp8`` the routed experts are float8 e4m3 with per-output-channel float32
     scales (``w1_scale`` and so on); see ``grouped_linear``.
 
-    ``backend``: ``"auto"`` runs bf16 CUDA experts through ``kdtree.experts`` (a permutation
-    kernel, gate and up in one grouped weight-streaming GEMM, the down GEMM, a combine that
-    adds the shared expert: four launches) and everything else through torch ops; ``"torch"``
-    forces the torch path (the reference, and the baseline the bench times beside it).
+    ``backend``: ``"auto"`` runs bf16 CUDA layers through ``kdtree.experts``: the router in one
+    launch (``route``: the float32 gate GEMM, sigmoid, top-k with ties to the lowest expert id,
+    renormalisation and scale; fp8 layers too), and bf16 experts as a permutation kernel, gate
+    and up in one grouped weight-streaming GEMM, the down GEMM (the shared expert an extra
+    group of both, over all tokens) and a combine that adds the shared rows (five launches a
+    layer, router included); everything else runs through torch ops. ``"torch"`` forces the
+    torch path (the reference, the CPU path, and the baseline the bench times beside it).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -271,19 +274,33 @@ class MoE(nn.Module):
         self.n_routed = cfg.n_routed_experts
         self.backend = "auto"
 
-    def use_kernels(self, x: torch.Tensor) -> bool:
-        """Whether the routed experts of x [T, dim] run through ``kdtree.experts``."""
+    def _auto(self) -> bool:
         if self.backend not in ("auto", "torch"):
             raise ValueError(f"backend: expected 'auto' or 'torch', got {self.backend!r}")
-        return (self.backend == "auto" and not self.fp8
-                and expert_kernels.supported(x, self.w1, self.w2, self.k))
+        return self.backend == "auto"
+
+    def use_kernels(self, x: torch.Tensor) -> bool:
+        """Whether the routed and shared experts of x [T, dim] run through ``kdtree.experts``."""
+        return (self._auto() and not self.fp8
+                and expert_kernels.supported(x, self.w1, self.w2, self.k,
+                                             self.shared.w1.weight.shape[0] if self.shared is not None else 0))
+
+    def use_router_kernel(self, x: torch.Tensor) -> bool:
+        """Whether the router of x [T, dim] runs as ``kdtree.experts.route`` (one launch)."""
+        return self._auto() and expert_kernels.router_supported(x, self.gate.weight, self.k)
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """Routing scores, float32 [T, E]: sigmoid of the float32 gate over x [T, dim] in float32."""
         return torch.sigmoid(F.linear(x.float(), self.gate.weight.float()))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k routing of x [T, dim]: renormalised, scaled weights (float32) and global expert ids [T, k]."""
+        """Top-k routing of x [T, dim]: renormalised, scaled weights (float32) and global expert ids [T, k].
+
+        The kernel (``use_router_kernel``) breaks exact ties of the scores towards the lowest
+        expert id; the torch path takes ``torch.topk``'s choice among tied experts.
+        """
+        if self.use_router_kernel(x):
+            return expert_kernels.route(x, self.gate.weight, self.k, float(self.scale))
         weight, expert = self.scores(x).topk(self.k, dim=-1)
         return weight / weight.sum(-1, keepdim=True) * self.scale, expert
 
@@ -318,15 +335,18 @@ class MoE(nn.Module):
         return grouped_linear(h, self.w2, offs, s2)
 
     def experts(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor,
-                base: torch.Tensor | None = None) -> torch.Tensor:
+                shared: bool = False) -> torch.Tensor:
         """The routed experts' weighted sum [T, dim] over the slots this GPU holds (expert id < E_local),
-        plus ``base`` [T, dim] if given.
+        plus the shared expert's output with ``shared`` (if the layer has one).
 
         Permutes the (token, slot) pairs by expert (local ones first), runs the three grouped
-        GEMMs, weights each slot and sums each token's slots back in token order.
+        GEMMs, weights each slot and sums each token's slots back in token order. On the kernel
+        path the shared expert runs inside the same grouped GEMMs (``routed_experts``).
         """
+        shared = shared and self.shared is not None
         if self.use_kernels(x):
-            return expert_kernels.routed_experts(x, weight, expert, self.w1, self.w3, self.w2, base,
+            sh = (self.shared.w1.weight, self.shared.w3.weight, self.shared.w2.weight) if shared else None
+            return expert_kernels.routed_experts(x, weight, expert, self.w1, self.w3, self.w2, sh,
                                                  experts_total=self.n_routed)
         T = x.shape[0]
         order, local, offs = self.permute(expert)
@@ -334,13 +354,12 @@ class MoE(nn.Module):
         ys = torch.where(local[order, None], ys, 0)           # rows past offs[-1] are undefined
         # Un-sort and sum each token's k slots: deterministic, unlike an atomic index_add.
         y = torch.empty_like(ys).index_copy_(0, order, ys).view(T, self.k, -1).sum(1)
-        return y if base is None else y + base
+        return y + self.shared(x) if shared else y
 
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        base = self.shared(x) if self.shared is not None else None
-        return self.experts(x, *self.route(x), base).view(shape)
+        return self.experts(x, *self.route(x), shared=True).view(shape)
 
 
 class Block(nn.Module):
