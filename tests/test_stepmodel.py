@@ -155,6 +155,12 @@ def test_validate_on_cpu():
     assert ((parts - v.predicted_us).abs() <= 1e-9 * v.predicted_us).all()   # the prediction is its sum
     assert ((v.distinct_engine >= 1) & (v.distinct_engine <= 4) & (v.distinct_random <= 4)).all()  # 4 local
     assert {"c_draft", "c_compact", "c_moe", "c_attention"} <= set(v.columns) and (v.status == "ok").all()
+    assert ((v.measured_p20_us <= v.measured_us) & (v.measured_us <= v.measured_p80_us)).all()
+    assert (v.predicted_warm_us == v.predicted_us).all()            # one host timing on a CPU
+    assert (v.measured_verify_us < v.measured_us).all()             # eager: the step is its phases' sum
+    forward = v[["c_attention", "c_norms", "c_moe", "c_dense_ffn", "c_embed_head"]].sum(axis=1)
+    assert ((v.predicted_verify_us - forward).abs() <= 1e-9 * forward).all()
+    assert (v.predicted_verify_us < v.predicted_us).all()
 
 
 def test_validate_presets_time_the_engines_own_phases(monkeypatch):
@@ -207,3 +213,5 @@ def test_bad_input_names_the_argument(moe_components):
         S.DenseConfig(2, 64, 4, 3, 16, 128, 256)
     with pytest.raises(ValueError, match="name"):
         S.measure_components("kimi", [1], [16], [32])
+    with pytest.raises(ValueError, match="l2"):
+        S.measure_components("tiny_ep", [1], [16], [32], l2="hot")
