@@ -271,11 +271,14 @@ NOTEBOOKS = {
                  "                  'median_us', 'p20_us', 'p80_us', 'bytes_min', 'hbm_fraction', 'achieved_tflops', 'bound',\n"
                  "                  'fraction', 'diagnosis'])"),
         ("md", "## Where one MoE call's time goes\n\nEach stage of the layer's code path timed alone under "
-               "the model's router (graph replay on a GPU): on a GPU the `kernels` path (`kdtree.experts`: one "
-               "permutation kernel, gate and up in one grouped weight-streaming GEMM with the SiLU product, "
-               "the down GEMM, a combine that adds the shared expert; the `torch` path it replaces is timed "
-               "whole above as `bf16-torch`), on CPU the `torch` path (the reference). `hbm_fraction`: the "
-               "distinct experts' weight bytes a stage streams over its time, against the measured HBM bandwidth."),
+               "the model's router (graph replay on a GPU): on a GPU the `kernels` path (`kdtree.experts`, five "
+               "launches: the router in one kernel (float32 gate, sigmoid, top-k, renormalisation), one "
+               "permutation kernel, gate and up of the routed experts and of the shared expert (an extra group "
+               "over all tokens) in one grouped weight-streaming GEMM with the SiLU product, the down GEMM of "
+               "both, a combine that adds the shared rows; the `torch` path it replaces is timed whole above as "
+               "`bf16-torch`), on CPU the `torch` path (the reference). `hbm_fraction`: the weight bytes a stage "
+               "streams (the distinct experts', the shared expert's, the router's float32 gate) over its time, "
+               "against the measured HBM bandwidth."),
         ("code", "import torch\n\n"
                  "layer = moe_layer(stepmodel.step_config(preset), 'cuda' if torch.cuda.is_available() else 'cpu',\n"
                  "                  torch.bfloat16 if torch.cuda.is_available() else torch.float32)\n"
@@ -294,7 +297,8 @@ NOTEBOOKS = {
                  "                                                              values='hbm_fraction', sort=False)\n"
                  "            .round(3).reset_index())"),
         ("md", "## Step model: DDTree's speedup over greedy decoding against budget\n\nComponents measured in "
-               "this run; communication modelled from the link parameters (labelled `comm`)."),
+               "this run, each L2-cold (as inside a step); communication modelled from the link parameters "
+               "(labelled `comm`)."),
         ("code", "components, speed = [], []\n"
                  "for name, layers, gpus in zip(step_models, step_layers, step_gpus):\n"
                  "    comp = stepmodel.measure_components(name, batches, list(tau), prefixes, drafter=drafter, quick=quick,\n"
@@ -329,7 +333,12 @@ NOTEBOOKS = {
                "measured on each layer's own inputs in one of the engine's verify forwards; `predicted_random_us` "
                "the components' MoE on random activations. The engine's random-weight model and synthetic drafter "
                "route tree tokens to fewer experts (`distinct_engine`) than random activations do "
-               "(`distinct_random`, near the uniform closed form): the MoE's cost follows the routing."),
+               "(`distinct_random`, near the uniform closed form): the MoE's cost follows the routing. The model "
+               "times its components L2-cold (each after an L2 flush, as a step that streams every layer's "
+               "weights leaves them); `predicted_warm_us` sums the same components replayed back to back. "
+               "`measured_verify_us` (the engine's verify forward alone) against `predicted_verify_us` (its "
+               "components) says whether a miss is in the forward or in the decode phases; `measured_p20_us` .. "
+               "`measured_p80_us` is the measured step's spread over its replays."),
         ("code", "check = stepmodel.validate_presets(validate_presets, layers=validate_layers, batch=validate_batch,\n"
                  "                                    budgets=validate_budgets, prompt=validate_prompt, new=validate_new,\n"
                  "                                    steps=validate_steps, drafter=drafter, quick=quick, log=print)\n"
@@ -338,8 +347,9 @@ NOTEBOOKS = {
                  "                      check.assign(table='validation')], ignore_index=True), results_path)\n"
                  "print(f\"{int(check.within.sum())} of {len(check)} predictions within 15% of the measured step\")\n"
                  "plots.table(check, ['preset', 'layers', 'batch', 'budget', 'prefix', 'timing', 'status', 'measured_us',\n"
-                 "                    'predicted_us', 'ratio', 'within', 'distinct_engine', 'predicted_random_us',\n"
-                 "                    'ratio_random', 'distinct_random', 'seconds'])"),
+                 "                    'measured_p20_us', 'measured_p80_us', 'predicted_us', 'ratio', 'within',\n"
+                 "                    'predicted_warm_us', 'ratio_warm', 'measured_verify_us', 'predicted_verify_us',\n"
+                 "                    'distinct_engine', 'predicted_random_us', 'ratio_random', 'distinct_random', 'seconds'])"),
     ],
     "99_summary": [
         ("md", "# Run summary\n\nEvery point of the run, the device ceilings, the roofline of all "

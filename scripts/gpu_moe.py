@@ -12,7 +12,11 @@ Steps (comma-separated, default all, in this order):
   check     pytest -m gpu tests/test_moe.py (the kernels against float64, compute-sanitizer memcheck)
   notebook  papermill notebooks/05_moe_verify.ipynb with parameterized_runs/default.yaml's GPU
             parameters and this call's ceilings (as a sweep passes the run's): its cells' durations
-  dev       scripts/moe_dev.py (the kernel shapes at T = 1, 17, 65, model and Zipf routing)
+  dev       scripts/moe_dev.py (the router kernel's shapes against the torch router, T = 1 .. 1025)
+
+After the notebook it prints, from its table: the kernel path's stage breakdown per T, the
+whole layer's fraction of HBM bandwidth (minimum bytes over time) per variant, routing and T,
+and the step model's validation table.
 """
 import json
 import os
@@ -25,7 +29,7 @@ import yaml
 OUT = os.environ["OUT"]
 STEPS = (sys.argv[1] if len(sys.argv) > 1 else "check,notebook,dev").split(",")
 DEADLINE = float(os.environ.get("DEADLINE", 170))
-SHARE = {"check": 45, "notebook": 115, "dev": 60}
+SHARE = {"check": 75, "notebook": 110, "dev": 35}
 T0 = time.time()
 
 
@@ -76,7 +80,24 @@ if "notebook" in STEPS:
                 total += d
                 print(f"  cell {i:2d} {pm.get('status', '?'):9s} {d:7.1f} s  {''.join(cell['source'])[:60]!r}")
         stamp(f"05 cells: {total:.1f} s of notebook time")
-    print(open("/tmp/papermill05.log").read()[-3000:])
+    print(open("/tmp/papermill05.log").read()[-1500:])
+    if os.path.exists(f"{OUT}/05.parquet"):
+        import pandas as pd
+
+        pd.set_option("display.width", 250)
+        pd.set_option("display.max_columns", 40)
+        df = pd.read_parquet(f"{OUT}/05.parquet")
+        b = df[df.table == "breakdown"]
+        print(b.pivot_table(index=["path", "stage"], columns="tokens", values="median_us", sort=False).round(1))
+        m = df[df.table == "moe"]
+        print(m.pivot_table(index=["variant", "routing"], columns="tokens", values="median_us", sort=False).round(1))
+        print(m.pivot_table(index=["variant", "routing"], columns="tokens", values="hbm_fraction", sort=False)
+              .round(3))
+        print("kernels per call:", m.groupby("variant", sort=False).kernels.first().to_dict())
+        v = df[df.table == "validation"]
+        print(v[["preset", "budget", "measured_us", "measured_p20_us", "measured_p80_us", "predicted_us", "ratio",
+                 "predicted_warm_us", "ratio_warm", "measured_verify_us", "predicted_verify_us", "ratio_random"]]
+              .round(3).to_string(index=False))
 if "dev" in STEPS:
     out = run("dev", [sys.executable, "scripts/moe_dev.py"], f"{OUT}/dev.log")
     if out is not None:

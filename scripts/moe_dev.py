@@ -1,14 +1,16 @@
-"""Development sweep of the grouped-GEMM kernel shapes and the router's parts on one GPU.
+"""Development sweep of the router kernel's shapes on one GPU, beside the torch router's parts.
 
 Usage: PYTHONPATH=. python3 scripts/moe_dev.py   (prints tables; one device call)
 
-For the kimi_k2_ep8 MoE layer under its own router at T in (1, 17, 65, 257, 1025): every
-(token tiles nt, warps splitting K, ring depth) of ``CANDIDATES`` for the gate/up and the down
-GEMM, each first checked against torch's grouped GEMM on the same rows (bf16 output within
-2^-7 of the largest magnitude, float32 within 2^-8: torch rounds its output to bf16), then timed by graph replay; the fraction
-of the measured HBM bandwidth is the distinct experts' bytes over the time. Then the router's
-parts (float32 GEMM, sigmoid, top-k, renormalisation) timed alone.
+For the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17, 65, 257,
+1025): ``kdtree.experts.route`` with every (experts per block, tokens per block) of ``SHAPES``,
+each first checked against the float64 reference (each token's k ids a top k of the float64
+scores within 1e-5, the weights within 1e-5 of the float64 renormalisation of the chosen
+ones), then timed by graph replay (warm L2: the 11 MB gate stays resident); the torch router
+(float32 GEMM, sigmoid, top-k, renormalisation) and its parts timed the same way. The HBM
+fraction is the gate's bytes over the time (an upper bound on what the gate's stream costs).
 """
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -18,65 +20,36 @@ from kdtree.bench.moe import moe_layer
 from kdtree.bench.timing import time_graph
 from kdtree.engine.config import get_config
 
-CANDIDATES = [(1, 4, 4), (1, 4, 5), (1, 4, 6), (1, 8, 3), (1, 8, 4), (2, 4, 4), (2, 4, 5), (2, 8, 3),
-              (4, 4, 3), (4, 4, 4), (4, 8, 2), (4, 8, 3)]
+SHAPES = [(2, 8), (4, 8), (2, 64), (4, 64)]
 c = measure_ceilings(quick=True)
 print(c.caption(), flush=True)
 moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
-E, h, d = moe.w1.shape
+gate, k, scale = moe.gate.weight, moe.k, float(moe.scale)
+gate_bytes = gate.numel() * 4
 rows = []
 for T in (1, 17, 65, 257, 1025):
-    x = torch.randn(T, d, device="cuda").to(torch.bfloat16)
-    weight, expert = moe.route(x)
-    offs, rowidx, pos = ek.permute(expert, E)
-    distinct = int(expert[expert < E].unique().numel())
-    xs = x[rowidx.long()]
-    ref_g = torch._grouped_mm(xs, moe.w1.transpose(-2, -1), offs=offs)
-    ref_u = torch._grouped_mm(xs, moe.w3.transpose(-2, -1), offs=offs)
-    ref_h = (F.silu(ref_g.float()) * ref_u.float())
-    hid = ref_h.to(torch.bfloat16)
-    ref_y = torch._grouped_mm(hid, moe.w2.transpose(-2, -1), offs=offs).float()
-    n = int(offs[-1])
-    for nt, ks, st in CANDIDATES:
-        for gated in (True, False):
-            try:
-                if gated:
-                    fn = lambda: ek.grouped_gemm(x, moe.w1, offs, T * 8, up=moe.w3, rowidx=rowidx, nt=nt,  # noqa: E731
-                                                 shape=(ks, st))
-                    ref, bound, nbytes = ref_h, 2 ** -7, distinct * 2 * h * d * 2
-                else:
-                    fn = lambda: ek.grouped_gemm(hid, moe.w2, offs, T * 8, nt=nt, shape=(ks, st))  # noqa: E731
-                    ref, bound, nbytes = ref_y, 2 ** -8, distinct * h * d * 2
-            except ValueError as exc:
-                print("skip", nt, ks, st, exc)
-                continue
-            got = fn()[:n].float()
-            err = float((got - ref[:n]).abs().max() / ref[:n].abs().max().clamp_min(1e-30)) if n else 0.0
-            ok = err <= bound
-            t = time_graph(fn, reps=10, calls_per_graph=3) if ok else None
-            rows.append(dict(T=T, gemm="gate_up" if gated else "down", nt=nt, ksplit=ks, stages=st,
-                             err=err, us=t.median_us if t else float("nan"),
-                             hbm=nbytes / (t.median_us * 1e-6) / c.hbm_bw if t else float("nan")))
-    torch_t = time_graph(lambda: (torch._grouped_mm(xs, moe.w1.transpose(-2, -1), offs=offs),
-                                  torch._grouped_mm(xs, moe.w3.transpose(-2, -1), offs=offs)), reps=10,
-                         calls_per_graph=3)
-    rows.append(dict(T=T, gemm="gate_up", nt=0, ksplit=0, stages=0, err=0.0, us=torch_t.median_us,
-                     hbm=distinct * 2 * h * d * 2 / (torch_t.median_us * 1e-6) / c.hbm_bw))
-    torch_t = time_graph(lambda: torch._grouped_mm(hid, moe.w2.transpose(-2, -1), offs=offs), reps=10,
-                         calls_per_graph=3)
-    rows.append(dict(T=T, gemm="down", nt=0, ksplit=0, stages=0, err=0.0, us=torch_t.median_us,
-                     hbm=distinct * h * d * 2 / (torch_t.median_us * 1e-6) / c.hbm_bw))
+    x = torch.randn(T, gate.shape[1], device="cuda").to(torch.bfloat16)
+    s64 = torch.sigmoid(x.double() @ gate.double().T)
+    for shape in [None] + SHAPES:
+        w, e = ek.route(x, gate, k, scale, shape=shape)
+        chosen = s64.gather(1, e)
+        ok = bool((chosen.amin(1) >= s64.scatter(1, e, -1.0).amax(1) - 1e-5).all()) and bool(
+            torch.allclose(w.double(), chosen / chosen.sum(1, keepdim=True) * scale, atol=1e-5 * scale))
+        t = time_graph(lambda: ek.route(x, gate, k, scale, shape=shape), reps=20, calls_per_graph=5) if ok else None
+        rows.append(dict(T=T, router="kernel", shape="default" if shape is None else f"{shape[0]}x{shape[1]}",
+                         ok=ok, us=t.median_us if t else float("nan")))
+    moe.backend = "torch"
     xf = x.float()
-    s = F.linear(xf, moe.gate.weight)
-    w16 = moe.gate.weight.to(torch.bfloat16)
-    parts = {"route": lambda: moe.route(x), "linear_f32": lambda: F.linear(xf, moe.gate.weight),
-             "linear_bf16": lambda: F.linear(x, w16), "sigmoid": lambda: torch.sigmoid(s),
-             "topk": lambda: s.topk(8, dim=-1)}
-    print(T, {k: round(time_graph(f, reps=10, calls_per_graph=3).median_us, 1) for k, f in parts.items()},
-          flush=True)
-import pandas as pd  # noqa: E402
-
+    sc = F.linear(xf, gate)
+    parts = {"torch route": lambda: moe.route(x), "linear_f32": lambda: F.linear(xf, gate),
+             "sigmoid": lambda: torch.sigmoid(sc), "topk": lambda: sc.topk(k, dim=-1)}
+    for name, fn in parts.items():
+        rows.append(dict(T=T, router="torch", shape=name, ok=True,
+                         us=time_graph(fn, reps=20, calls_per_graph=5).median_us))
+    moe.backend = "auto"
 df = pd.DataFrame(rows)
+df["gate_hbm_fraction"] = gate_bytes / (df.us * 1e-6) / c.hbm_bw
 pd.set_option("display.width", 200)
-print(df.pivot_table(index=["gemm", "nt", "ksplit", "stages"], columns="T", values="hbm").round(3).to_string())
-print("max err", df.err.max(), "failed", df[df.us.isna()][["T", "gemm", "nt", "ksplit", "stages", "err"]].to_string())
+print(df.pivot_table(index=["router", "shape"], columns="T", values="us", sort=False).round(1).to_string())
+print(df.pivot_table(index=["router", "shape"], columns="T", values="gate_hbm_fraction", sort=False).round(3).to_string())
+print("failed checks:", df[~df.ok][["T", "shape"]].to_string() if (~df.ok).any() else "none")
