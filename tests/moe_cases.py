@@ -19,8 +19,8 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
 
     ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
     as top-k routing does); otherwise x holds the positions' rows in order. ``shared`` (Ns, Ks,
-    tokens): an extra group of that shape over ``tokens`` positions after the routed rows, whose
-    outputs (their first Ns columns) follow the routed ones in ``got`` and the reference.
+    tokens): an extra group of that shape over ``tokens`` positions after the routed rows; then
+    ``got`` and the reference are flat: the routed rows, then the extra group's first Ns columns.
     """
     g = torch.Generator().manual_seed(seed)
     E, P = len(counts), sum(counts)
@@ -44,11 +44,11 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
         r = xs @ sw.double().T
         if gated:
             r = r / (1 + torch.exp(-r)) * (xs @ su.double().T)
-        ref = torch.cat((ref, r))
+        ref = torch.cat((ref.flatten(), r.flatten()))       # the routed [P, N] and the shared [S, Ns]
         kw = dict(shared=sw.cuda(), shared_up=None if su is None else su.cuda(), shared_first=first)
     got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
                           rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, **kw)
-    got = torch.cat((got[:P], got[first:, :Ns])) if shared is not None else got[:P]
+    got = torch.cat((got[:P].flatten(), got[first:, :Ns].flatten())) if shared is not None else got[:P]
     return got.double().cpu(), ref, P
 
 
