@@ -297,8 +297,7 @@ NOTEBOOKS = {
                  "                                                              values='hbm_fraction', sort=False)\n"
                  "            .round(3).reset_index())"),
         ("md", "## Step model: DDTree's speedup over greedy decoding against budget\n\nComponents measured in "
-               "this run, each L2-cold (as inside a step); communication modelled from the link parameters "
-               "(labelled `comm`)."),
+               "this run; communication modelled from the link parameters (labelled `comm`)."),
         ("code", "components, speed = [], []\n"
                  "for name, layers, gpus in zip(step_models, step_layers, step_gpus):\n"
                  "    comp = stepmodel.measure_components(name, batches, list(tau), prefixes, drafter=drafter, quick=quick,\n"
@@ -334,8 +333,8 @@ NOTEBOOKS = {
                "the components' MoE on random activations. The engine's random-weight model and synthetic drafter "
                "route tree tokens to fewer experts (`distinct_engine`) than random activations do "
                "(`distinct_random`, near the uniform closed form): the MoE's cost follows the routing. The model "
-               "times its components L2-cold (each after an L2 flush, as a step that streams every layer's "
-               "weights leaves them); `predicted_warm_us` sums the same components replayed back to back. "
+               "replays its components back to back (L2 warm); `predicted_cold_us` sums the same components each "
+               "timed after an L2 flush. "
                "`measured_verify_us` (the engine's verify forward alone) against `predicted_verify_us` (its "
                "components) says whether a miss is in the forward or in the decode phases; `measured_p20_us` .. "
                "`measured_p80_us` is the measured step's spread over its replays."),
@@ -348,7 +347,7 @@ NOTEBOOKS = {
                  "print(f\"{int(check.within.sum())} of {len(check)} predictions within 15% of the measured step\")\n"
                  "plots.table(check, ['preset', 'layers', 'batch', 'budget', 'prefix', 'timing', 'status', 'measured_us',\n"
                  "                    'measured_p20_us', 'measured_p80_us', 'predicted_us', 'ratio', 'within',\n"
-                 "                    'predicted_warm_us', 'ratio_warm', 'measured_verify_us', 'predicted_verify_us',\n"
+                 "                    'predicted_cold_us', 'ratio_cold', 'measured_verify_us', 'predicted_verify_us',\n"
                  "                    'distinct_engine', 'predicted_random_us', 'ratio_random', 'distinct_random', 'seconds'])"),
     ],
     "99_summary": [

@@ -96,7 +96,7 @@ if "notebook" in STEPS:
         print("kernels per call:", m.groupby("variant", sort=False).kernels.first().to_dict())
         v = df[df.table == "validation"]
         print(v[["preset", "budget", "measured_us", "measured_p20_us", "measured_p80_us", "predicted_us", "ratio",
-                 "predicted_warm_us", "ratio_warm", "measured_verify_us", "predicted_verify_us", "ratio_random"]]
+                 "predicted_cold_us", "ratio_cold", "measured_verify_us", "predicted_verify_us", "ratio_random"]]
               .round(3).to_string(index=False))
 if "dev" in STEPS:
     out = run("dev", [sys.executable, "scripts/moe_dev.py"], f"{OUT}/dev.log")

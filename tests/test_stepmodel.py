@@ -156,7 +156,7 @@ def test_validate_on_cpu():
     assert ((v.distinct_engine >= 1) & (v.distinct_engine <= 4) & (v.distinct_random <= 4)).all()  # 4 local
     assert {"c_draft", "c_compact", "c_moe", "c_attention"} <= set(v.columns) and (v.status == "ok").all()
     assert ((v.measured_p20_us <= v.measured_us) & (v.measured_us <= v.measured_p80_us)).all()
-    assert (v.predicted_warm_us == v.predicted_us).all()            # one host timing on a CPU
+    assert (v.predicted_cold_us == v.predicted_us).all()            # one host timing on a CPU
     assert (v.measured_verify_us < v.measured_us).all()             # eager: the step is its phases' sum
     forward = v[["c_attention", "c_norms", "c_moe", "c_dense_ffn", "c_embed_head"]].sum(axis=1)
     assert ((v.predicted_verify_us - forward).abs() <= 1e-9 * forward).all()
