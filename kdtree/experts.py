@@ -30,6 +30,11 @@ import torch
 ROWS_GATED, ROWS_DOWN = 16, 32
 ROUTER_THREADS = 256
 ROUTER_COUNTERS = 4096   # token tiles a launch can count in the cached buffer (more: a fresh one)
+# The layer takes the router kernel up to this many tokens: on an H200 (scripts/moe_dev.py,
+# results/moe/h200_05_bded7e8/dev.log) it took 9.3 / 18.6 / 40.8 us at T = 1 / 17 / 65 against
+# the torch router's 27.2 / 41.3 / 53.6, but 103 / 343 us at T = 257 / 1025 against 87 / 210:
+# past ~128 tokens its float32 FMAs and its re-reads of x from L2 lose to cuBLAS's GEMM.
+ROUTER_MAX_TOKENS = 128
 # (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
@@ -90,23 +95,24 @@ def supported(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, k: int, share
 
 
 def router_supported(x: torch.Tensor, gate: torch.Tensor, k: int) -> bool:
-    """Whether ``route`` takes these operands (else the torch path runs): x bf16 [T, dim]
-    (contiguous, 16-byte aligned) and the gate float32 [E, dim] (contiguous) on CUDA, dim a
-    multiple of 1024, E a multiple of 32, 1 <= k <= min(32, E)."""
+    """Whether the layer routes x through ``route`` (else the torch path runs): x bf16 [T, dim]
+    (contiguous, 16-byte aligned, T <= ``ROUTER_MAX_TOKENS``, where the kernel is the faster)
+    and the gate float32 [E, dim] (contiguous) on CUDA, dim a multiple of 1024, E a multiple of
+    32, 1 <= k <= min(32, E). ``route`` itself takes any T."""
     if not (x.is_cuda and x.dtype == torch.bfloat16 and gate.is_cuda and gate.dtype == torch.float32
             and x.dim() == 2 and gate.dim() == 2 and x.is_contiguous() and gate.is_contiguous()
-            and x.data_ptr() % 16 == 0):
+            and x.data_ptr() % 16 == 0 and x.shape[0] <= ROUTER_MAX_TOKENS):
         return False
     E, d = gate.shape
     return x.shape[1] == d and d % (4 * ROUTER_THREADS) == 0 and E % 32 == 0 and 1 <= k <= min(32, E)
 
 
 def router_shape(tokens: int) -> tuple[int, int]:
-    """(experts per block, tokens per block) of ``route`` for ``tokens`` tokens: two experts per
-    block (two blocks per SM) and 8-token tiles up to 32 tokens, so that one token fills the GPU;
-    four experts per block beyond (half the re-reads of x), 64-token tiles beyond 64 tokens
-    (each tile re-reads the gate from L2)."""
-    return (2 if tokens <= 32 else 4), (8 if tokens <= 64 else 64)
+    """(experts per block, tokens per block) of ``route`` for ``tokens`` tokens: four experts per
+    block (96 blocks for Kimi K2's 384), 8-token tiles up to 128 tokens, 64-token tiles beyond
+    (each tile re-reads the gate from L2). The best of ``scripts/moe_dev.py``'s shapes at every
+    T it measured on an H200 (two experts per block, two blocks per SM, was slower at each)."""
+    return 4, (8 if tokens <= ROUTER_MAX_TOKENS else 64)
 
 
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
