@@ -6,6 +6,7 @@ enter a host timing, with torch's thread count restored after."""
 from __future__ import annotations
 
 import gc
+import math
 import time
 
 import pytest
@@ -121,3 +122,67 @@ def test_eager_timing_times_its_floor_interleaved_and_the_floor_is_cheaper():
     assert t.mode == "eager" and t.floor_us > 0 and t.floor_us < t.median_us
     plain = timing.time_events([lambda: big.add_(1)], reps=5, warmup=1)
     assert plain.floor_us != plain.floor_us     # NaN: no floor asked for
+
+
+def test_rounds_interleave_timings_and_report_the_quietest_round():
+    """Every registered timing gets its rounds in turn (round r of each before round r + 1 of
+    any), and its figures are its quietest round's: a stretch of interference that slows the
+    first half of the rounds does not enter the median."""
+    order, calls = [], {"a": 0}
+
+    def a():
+        order.append("a")
+        calls["a"] += 1
+        _busy(0.004 if calls["a"] <= 12 else 0.001)   # slow for about the first half of the rounds
+
+    def b():
+        order.append("b")
+        _busy(0.001)
+
+    rounds = timing.Rounds(rounds=6)
+    ta = rounds.host(a, reps=12, warmup=0, min_s=0.0)
+    tb = rounds.host(b, reps=6, warmup=0, min_s=0.0)
+    assert rounds.pending == 2
+    with pytest.raises(RuntimeError, match="run"):
+        ta.as_dict()
+    rounds.run()
+    assert rounds.pending == 0
+    # a: one start call, then 6 rounds of (1 untimed + 2 timed); b likewise with 1 timed.
+    runs = "".join(order)
+    assert runs.count("ab") >= 6 and runs.count("ba") >= 5, runs
+    assert ta.reps == 12 and tb.reps == 6
+    assert 800 < ta.median_us < 2000, ta          # the quiet rounds' 1 ms, not the slow 4 ms
+    assert ta.p20_us <= ta.median_us <= ta.p80_us
+    assert ta.mode == "host" and ta.l2 == "n/a" and math.isnan(ta.sm_clock_mhz)
+
+
+def test_rounds_split_a_long_host_call_into_fewer_rounds():
+    """A host call so long that ``min_s`` is reached in fewer calls takes fewer rounds than
+    asked (``reps`` still honoured): a 20 ms call with ``min_s=0.05`` and 3 reps takes 3 rounds."""
+    rounds = timing.Rounds(rounds=10)
+    t = rounds.host(lambda: _busy(0.02), reps=3, warmup=0, min_s=0.05)
+    rounds.run()
+    assert t.reps == 3
+
+
+def test_rounds_refuse_a_bad_count():
+    with pytest.raises(ValueError, match="rounds"):
+        timing.Rounds(rounds=0)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_rounds_eager_timing_with_floor():
+    """An eager timing taken in rounds: every call counted, its floor timed beside it and
+    cheaper than a heavy call, clocks sampled, the cold one flushed as ``time_events`` does."""
+    big = torch.zeros(1 << 24, device="cuda")
+    small = torch.zeros(1, device="cuda")
+    rounds = timing.Rounds(rounds=4)
+    warm = rounds.events([lambda: big.add_(1)], reps=10, warmup=2, floor=lambda: small.add_(1))
+    cold = rounds.events([lambda: big.add_(1)], reps=10, warmup=2, l2="cold", floor=lambda: small.add_(1))
+    rounds.run()
+    for t in (warm, cold):
+        assert t.reps == 10 and t.mode == "eager"
+        assert t.floor_us < t.median_us
+        assert t.sm_clock_mhz > 0
+    assert cold.l2 == "cold" and warm.l2 == "warm"

@@ -31,7 +31,7 @@ from kdtree.attention import D_QK, D_V, errors, random_parents, reference_attent
 from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.models import launch_plan_columns, verify_attention_cost
 from kdtree.bench.roofline import roof_times
-from kdtree.bench.timing import Timing, time_events, time_graph, time_host
+from kdtree.bench.timing import Rounds, Timing, time_events, time_graph, time_host
 from kdtree.tree import Tree
 
 SCALE = 1 / math.sqrt(192)
@@ -134,9 +134,10 @@ def trivial_call(variant: str, device: torch.device, gen: torch.Generator):
     return (lambda: call(variant, *sets[0], pl, tree)), launches
 
 
-def _timings(fns, device: torch.device, quick: bool, floor=None) -> list[Timing]:
+def _timings(fns, device: torch.device, quick: bool, floor=None, rounds: Rounds | None = None) -> list[Timing]:
     """Warm and cold, eager and graph on a GPU (``floor``: the variant's trivial call, timed
-    interleaved with the eager calls); host time on a CPU."""
+    interleaved with the eager calls; the eager timings registered with ``rounds``, taken when
+    it runs); host time on a CPU."""
     if device.type != "cuda":
         return [time_host(fns[0], reps=3 if quick else 10, warmup=1)]
     p = _plan(quick, time_events(fns[:1], reps=3, warmup=1).median_us)
@@ -146,9 +147,9 @@ def _timings(fns, device: torch.device, quick: bool, floor=None) -> list[Timing]
         return fns[next(it) % len(fns)]()
 
     cold_graph = time_graph(rotating, reps=p["g_reps"], calls_per_graph=len(fns) * p["per_graph"], warmup=1)
-    return [time_events(fns[:1], reps=p["reps"], warmup=2, l2="warm", floor=floor),
+    return [rounds.events(fns[:1], reps=p["reps"], warmup=2, l2="warm", floor=floor),
             time_graph(fns[0], reps=p["g_reps"], calls_per_graph=p["per_graph"], warmup=1, l2="warm"),
-            time_events(fns, reps=p["reps"], warmup=2, l2="cold", floor=floor),
+            rounds.events(fns, reps=p["reps"], warmup=2, l2="cold", floor=floor),
             dataclasses.replace(cold_graph, l2="cold")]   # rotating inputs larger than the L2
 
 
@@ -190,7 +191,9 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
     props = torch.cuda.get_device_properties(0) if device.type == "cuda" else None
     l2_bytes = props.L2_cache_size if props else 0
     sms = props.multi_processor_count if props else 132
-    rows, notes = [], []
+    # The eager timings of every point are taken together at the end, in rounds spread over all
+    # of them (``Rounds``): their inputs stay allocated until then.
+    rows, notes, rounds = [], [], Rounds()
     grid = list(itertools.product(q_lens, prefixes, batches, heads))
     for N, P, B, H in tqdm(grid, desc="verify attention", disable=not progress):
         set_bytes = B * N * H * D_QK * 2 + B * (P + N) * D_QK * 2
@@ -217,17 +220,17 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
                 continue
             fns = [lambda s=s, v=v: call(v, s[0], s[1], pl, tree) for s in sets]
             floor, floor_launches = trivial_call(v, device, gen) if device.type == "cuda" else (None, math.nan)
-            for t in _timings(fns, device, quick, floor):
-                rows.append({"kernel": "verify_attention", "variant": v, "q_len": N, "prefix": P, "batch": B,
-                             "heads": H, "tree_visible": tree_visible, "sets": n_sets, **plan, **t.as_dict(),
-                             "floor_launches": floor_launches if t.mode == "eager" else math.nan,
-                             "check_rel": rel, "check_lse": lse_err})
-        del sets
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            for t in _timings(fns, device, quick, floor, rounds):
+                rows.append(({"kernel": "verify_attention", "variant": v, "q_len": N, "prefix": P, "batch": B,
+                              "heads": H, "tree_visible": tree_visible, "sets": n_sets, **plan},
+                             t, {"floor_launches": floor_launches if t.mode == "eager" else math.nan,
+                                 "check_rel": rel, "check_lse": lse_err}))
+    if progress and rounds.pending:
+        print(f"verify attention: {rounds.pending} eager timings in {rounds.rounds} rounds", flush=True)
+    rounds.run()
     for line in notes:
         print(line)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([point | t.as_dict() | extra for point, t, extra in rows])
 
 
 def main(argv=None) -> None:

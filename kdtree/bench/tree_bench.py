@@ -18,7 +18,7 @@ from tqdm import tqdm
 import kdtree
 from kdtree.bench.ceilings import trivial_ops
 from kdtree.bench.results import run_metadata, save_table
-from kdtree.bench.timing import Timing, time_events, time_graph, time_host
+from kdtree.bench.timing import Rounds, Timing, time_graph
 from kdtree.kernels import cuda_available
 from kdtree.tree import _launch_build, accept_reference, build_tree_reference
 
@@ -38,9 +38,10 @@ def draft_inputs(batch: int, depth: int, k: int, device, seed: int = 0):
     return kdtree.topk_logprobs(logits, k)
 
 
-def _row(kernel: str, variant: str, budget: int, batch: int, depth: int, k: int, t: Timing) -> dict:
-    return {"kernel": kernel, "variant": variant, "budget": budget, "batch": batch, "depth": depth,
-            "topk": k, **t.as_dict()}
+def _row(kernel: str, variant: str, budget: int, batch: int, depth: int, k: int, t: Timing,
+         **extra) -> tuple[dict, Timing, dict]:
+    """A results row's point, its timing (filled in when a ``Rounds`` runs) and extra columns."""
+    return {"kernel": kernel, "variant": variant, "budget": budget, "batch": batch, "depth": depth, "topk": k}, t, extra
 
 
 def _same(a, b) -> bool:
@@ -48,16 +49,18 @@ def _same(a, b) -> bool:
                for f in ("tokens", "parents", "depth", "num_nodes", "visibility"))
 
 
-def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> list[dict]:
-    """All measurements at one (budget, batch); raises if the GPU tree differs from the reference."""
+def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool, rounds: Rounds) -> list[tuple]:
+    """All measurements at one (budget, batch), as ``_row`` triples; the host-path and eager
+    timings are registered with ``rounds`` and taken when it runs. Raises if the GPU tree
+    differs from the reference."""
     k = min(budget, VOCAB)
     dev = torch.device("cuda" if gpu else "cpu")
     lp, tok = draft_inputs(batch, depth, k, dev)
     cpu_reps = 3 if quick else (5 if batch * budget >= 64 * 256 else 15)
     rows = []
     for path in ("paper", "serving"):
-        t = time_host(lambda: build_tree_reference(lp, tok, budget, path=path), reps=cpu_reps,
-                      warmup=1, sync=gpu, min_s=0.25)
+        t = rounds.host(lambda path=path: build_tree_reference(lp, tok, budget, path=path), reps=cpu_reps,
+                        warmup=1, sync=gpu, min_s=0.25)
         rows.append(_row("build", f"cpu_{path}", budget, batch, depth, k, t))
     if not gpu:
         return rows
@@ -73,9 +76,9 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     e_reps = 100 if quick else 200      # eager calls are host dispatch (~0.1 ms): a median of 100
     floors = trivial_ops()   # each op's host floor, timed interleaved with its eager calls
     build = lambda: kdtree.build_tree(lp, tok, budget, validate=False)  # noqa: E731
-    rows.append(_row("build", "gpu", budget, batch, depth, k, time_events([build], reps=e_reps, floor=floors["build_tree"]))
-                | {"parallel": parallel})
-    rows.append(_row("build", "gpu", budget, batch, depth, k, time_graph(build, reps=reps // 4)) | {"parallel": parallel})
+    rows.append(_row("build", "gpu", budget, batch, depth, k,
+                     rounds.events([build], reps=e_reps, floor=floors["build_tree"]), parallel=parallel))
+    rows.append(_row("build", "gpu", budget, batch, depth, k, time_graph(build, reps=reps // 4), parallel=parallel))
     # The serial heap alone (v5, one warp per sequence): the baseline, timed in the same run.
     serial = lambda: _launch_build(lp, tok, budget, serial=True)  # noqa: E731
     rows.append(_row("build", "gpu_heap", budget, batch, depth, k, time_graph(serial, reps=reps // 4)))
@@ -93,8 +96,8 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool) -> 
     shape = {"accepted": float(acc.length.float().mean()), "moved": moved_rows(acc)}
     for name, fn, op in (("accept", accept, "accept_tree"), ("compact", compact, "compact_kv"),
                          ("accept+compact", both, "accept+compact")):
-        rows.append(_row(name, "gpu", budget, batch, depth, k, time_events([fn], reps=e_reps, floor=floors[op])) | shape)
-        rows.append(_row(name, "gpu", budget, batch, depth, k, time_graph(fn, reps=reps // 4)) | shape)
+        rows.append(_row(name, "gpu", budget, batch, depth, k, rounds.events([fn], reps=e_reps, floor=floors[op]), **shape))
+        rows.append(_row(name, "gpu", budget, batch, depth, k, time_graph(fn, reps=reps // 4), **shape))
     return rows
 
 
@@ -159,11 +162,14 @@ def run_tree_bench(budgets=None, batches=None, depth: int = 15, out: str | Path 
             raise ValueError(f"budgets: {b} is outside 1..{kdtree.tree.MAX_BUDGET}")
     if not gpu:
         print("no CUDA GPU (or no CuPy): timing the CPU paths only")
-    rows = []
+    rows, rounds = [], Rounds()
     points = [(bu, ba) for ba in batches for bu in budgets]
     for bu, ba in tqdm(points, desc="bench tree", disable=not progress):
-        rows += bench_point(bu, ba, depth, gpu, quick)
-    df = pd.DataFrame(rows)
+        rows += bench_point(bu, ba, depth, gpu, quick, rounds)
+    if progress:
+        print(f"bench tree: {rounds.pending} host and eager timings in {rounds.rounds} rounds", flush=True)
+    rounds.run()   # all points' host and eager timings, in rounds spread over all of them
+    df = pd.DataFrame([point | t.as_dict() | extra for point, t, extra in rows])
     meta = run_metadata()
     if out is not None:
         path = save_table(df, out, meta)
