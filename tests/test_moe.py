@@ -2,9 +2,10 @@
 
 CPU tests in float32 (the fp8 path through its dequantized reference); the ``gpu`` tests check
 the bf16 kernel path (``kdtree.experts``: its grouped GEMMs against float64 on empty, one-token,
-chunk-boundary, odd and one-expert groups, the permutation's invariants, compute-sanitizer)
-and the fp8 path (``torch._scaled_grouped_mm``) at Kimi K2's EP8 shard shapes, and their
-graph capture.
+chunk-boundary, odd and one-expert groups, with and without the shared expert's extra group;
+the router kernel against float64 at odd token counts, with exact ties, in a graph; the
+permutation's invariants; five launches a layer; compute-sanitizer) and the fp8 path
+(``torch._scaled_grouped_mm``) at Kimi K2's EP8 shard shapes, and their graph capture.
 """
 import os
 import shutil
