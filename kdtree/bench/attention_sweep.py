@@ -109,8 +109,9 @@ def _plan(quick: bool, t0_us: float) -> dict:
     sweeps too."""
     per_graph = max(1, min(8, int(2e3 / t0_us)))
     cap = (100 if t0_us < 500 else 30) if quick else 200
-    return {"reps": int(min(cap, max(5, 0.2e6 / t0_us))), "per_graph": per_graph,
-            "g_reps": int(min(10 if quick else 50, max(3, 0.2e6 / (t0_us * per_graph))))}
+    span = 0.1e6 if quick else 0.2e6   # microseconds of calls a timing aims at
+    return {"reps": int(min(cap, max(5, span / t0_us))), "per_graph": per_graph,
+            "g_reps": int(min(10 if quick else 50, max(3, span / (t0_us * per_graph))))}
 
 
 def predicted_seconds(floor_us: float, n_sets: int, quick: bool) -> float:

@@ -180,9 +180,10 @@ def _probe_kernel(name: str):
     return get_kernel("probes", name)
 
 
-def _read_bw(buf: torch.Tensor, passes: int, *, reps: int, l2: str) -> float:
+def _read_bw(buf: torch.Tensor, passes: int, *, reps: int, l2: str) -> tuple[float, float]:
     """Bytes/s of ``read_probe`` over ``buf`` (float32, a multiple of 4 values), ``passes``
-    passes per launch, CUDA events; ``l2="cold"`` flushes the L2 before each launch."""
+    passes per launch, CUDA events; ``l2="cold"`` flushes the L2 before each launch. Returns
+    (bytes/s, median SM clock in MHz sampled while it ran)."""
     import numpy as np
 
     from kdtree.kernels import launch, ptr
@@ -194,7 +195,7 @@ def _read_bw(buf: torch.Tensor, passes: int, *, reps: int, l2: str) -> float:
     run = lambda: launch(fn, (8 * sms,), (256,), (ptr(buf), np.int64(n), np.int32(passes),  # noqa: E731
                                                   np.float32(-1.0), ptr(sink)))
     t = time_events([run], reps=reps, warmup=3, l2=l2)
-    return n * 16 * passes / (t.median_us * 1e-6)
+    return n * 16 * passes / (t.median_us * 1e-6), t.sm_clock_mhz
 
 
 def _write_bw(buf: torch.Tensor, *, reps: int) -> float:
@@ -249,7 +250,17 @@ def _measure_gpu(quick: bool) -> Ceilings:
     reps = 10 if quick else 40
     hbm_bytes = 2 << 30                    # >= 2 GiB per buffer: far past the L2, past any probe's ramp
     resident = max(l2 // 4, 1 << 20)       # a quarter of the L2: stays resident
-    passes = 20
+    passes = 100
+    # The L2 probe first, on a cool GPU, each of L2_ATTEMPTS resident buffers newly allocated,
+    # 100 passes per launch (~0.2 ms on an H200). Run after the HBM probes and the matmuls with
+    # 20 passes, it gave 5.4-5.9 TB/s in one call and 7.5-8.2 TB/s alone on the same machine
+    # minutes later (the SM clock at 1980 MHz in both): the previous probes' power draw and the
+    # short launches' ramp both cost it.
+    attempts = []
+    for _ in range(L2_ATTEMPTS):
+        small = torch.empty(resident // 4, device="cuda").uniform_()
+        attempts.append(_read_bw(small, passes, reps=reps, l2="warm"))
+        del small
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -257,19 +268,12 @@ def _measure_gpu(quick: bool) -> Ceilings:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     big = torch.empty(hbm_bytes // 4, device="cuda").uniform_()
-    probes = {"hbm_read": _read_bw(big, 1, reps=reps, l2="cold"), "hbm_write": _write_bw(big, reps=reps)}
+    probes = {"hbm_read": _read_bw(big, 1, reps=reps, l2="cold")[0], "hbm_write": _write_bw(big, reps=reps)}
     del big
     torch.cuda.empty_cache()
     probes["hbm_copy"] = _copy_bw(hbm_bytes, "cuda", reps=reps)
     torch.cuda.empty_cache()
-    # The best of L2_ATTEMPTS resident buffers, each newly allocated: one probe gave 6.22 TB/s in
-    # one run and 7.25 in its twin on the same machine minutes later (7.5 in earlier runs).
-    attempts = []
-    for _ in range(L2_ATTEMPTS):
-        small = torch.empty(resident // 4, device="cuda").uniform_()
-        attempts.append(_read_bw(small, passes, reps=reps, l2="warm"))
-        del small
-    probes["l2_read"] = max(attempts)
+    probes["l2_read"] = max(bw for bw, _ in attempts)
     best = max(("hbm_read", "hbm_write", "hbm_copy"), key=probes.get)
     x = torch.zeros(1, device="cuda")
     tiny = lambda: x.add_(1)  # noqa: E731
@@ -279,8 +283,8 @@ def _measure_gpu(quick: bool) -> Ceilings:
         "probe:hbm_write": f"write_probe kernel (16-byte stores) over {gib} GiB, L2 flushed, CUDA events",
         "probe:hbm_copy": f"torch copy of {gib} GiB, L2 flushed, CUDA events; read + write bytes",
         "probe:l2_read": f"read_probe kernel, {passes} passes over {resident >> 20} MiB resident in the "
-                         f"{l2 >> 20} MiB L2, warm, CUDA events; best of {L2_ATTEMPTS} buffers ("
-                         + ", ".join(f"{a / 1e12:.3g}" for a in attempts) + " TB/s)",
+                         f"{l2 >> 20} MiB L2, warm, CUDA events, before the other probes; best of {L2_ATTEMPTS} buffers ("
+                         + ", ".join(f"{bw / 1e12:.3g} TB/s at {mhz:.0f} MHz" for bw, mhz in attempts) + ")",
         "hbm_bw": f"best of the HBM probes: {best} ({probes[best] / 1e12:.3g} TB/s)",
         "l2_bw": "probe:l2_read (L2 -> SM reads of a resident buffer)",
         "tensor_flops": "torch.mm bf16 on random data, CUDA events",

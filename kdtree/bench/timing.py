@@ -367,7 +367,7 @@ class Rounds:
 
     def run(self) -> None:
         """Take every registered timing (each warmed up in its first round), fill in their
-        :class:`Timing`\ s, and forget them."""
+        timings, and forget them."""
         jobs, self._jobs = self._jobs, []
         if not jobs:
             return
