@@ -24,6 +24,13 @@ def _busy(seconds: float) -> None:
         pass
 
 
+def _busy_cpu(seconds: float) -> None:
+    """``seconds`` of this thread's CPU time (at least as much wall time), on a loaded host too."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 def test_short_host_paths_are_sampled_for_the_minimum_time(monkeypatch):
     monkeypatch.setattr(timing, "HOST_MIN_S", 0.05)
     calls = []
@@ -133,11 +140,11 @@ def test_rounds_interleave_timings_and_report_the_quietest_round():
     def a():
         order.append("a")
         calls["a"] += 1
-        _busy(0.004 if calls["a"] <= 12 else 0.001)   # slow for about the first half of the rounds
+        _busy_cpu(0.004 if calls["a"] <= 12 else 0.001)   # slow for about the first half of the rounds
 
     def b():
         order.append("b")
-        _busy(0.001)
+        _busy_cpu(0.001)
 
     rounds = timing.Rounds(rounds=6)
     ta = rounds.host(a, reps=12, warmup=0, min_s=0.0)
@@ -160,7 +167,7 @@ def test_rounds_split_a_long_host_call_into_fewer_rounds():
     """A host call so long that ``min_s`` is reached in fewer calls takes fewer rounds than
     asked (``reps`` still honoured): a 20 ms call with ``min_s=0.05`` and 3 reps takes 3 rounds."""
     rounds = timing.Rounds(rounds=10)
-    t = rounds.host(lambda: _busy(0.02), reps=3, warmup=0, min_s=0.05)
+    t = rounds.host(lambda: _busy_cpu(0.02), reps=3, warmup=0, min_s=0.05)
     rounds.run()
     assert t.reps == 3
 
