@@ -2,13 +2,17 @@
 # The GPU suite in one call on a GPU host: every GPU test (compute-sanitizer runs included),
 # the attention tests again with every fused call on an opt-in kernel (EXTRA_IMPL, default
 # pingpong_seq; none skips it), then the tree benchmark (TREE_BENCH=0 skips it).
-# Usage: bash scripts/gpu_suite.sh [OUT_DIR]; logs and tables land in OUT_DIR.
+# Usage: [SUITE_K=expr] bash scripts/gpu_suite.sh [OUT_DIR]; logs and tables land in OUT_DIR.
+# SUITE_K: a pytest -k expression selecting part of the GPU tests (e.g. "not tma" leaves out a
+# kernel that has not run on a GPU yet); the log's first line says which.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/kdtree_out}}
 mkdir -p "$out"
 . "$(dirname "$0")/device_env.sh"   # the workbook and executor tests import the notebook stack
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
-timeout 400 python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | grep -vE "Warning|warn|^  " | tail -12
+{ [ -z "${SUITE_K:-}" ] || echo "pytest -m gpu -k \"$SUITE_K\""
+  timeout 400 python3 -m pytest -q -m gpu ${SUITE_K:+-k "$SUITE_K"} tests 2>&1; } | tee "$out/gpu_tests.log" \
+    | grep -vE "Warning|warn|^  " | tail -12
 extra=${EXTRA_IMPL:-pingpong_seq}   # EXTRA_IMPL=none skips this pass
 if [ "$extra" != none ]; then
     KDTREE_FUSED_IMPL=$extra timeout 200 python3 -m pytest -q -m gpu -k "not sanitizer" tests/test_attention.py \
