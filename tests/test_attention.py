@@ -679,6 +679,15 @@ def test_cuda_graph_replay(variant, gen):
 
 
 @gpu
+def test_tma_map_encoded_by_the_driver(gen):
+    """The driver encodes the kv map the tma kernels take, on a real cache with an odd S (a
+    failure here, not in a kernel, points at the host side)."""
+    _, kv, _, _ = random_case(3, 9, 8, [100, 0, 57], gen, "cuda", extra=1)
+    m = bf16_matrix_map(kv.data_ptr(), kv.shape[0] * kv.shape[1], D_QK, 2 * D_QK, 64, 64)
+    assert m.shape == (1,) and m.dtype.itemsize == 128 and m.tobytes() != bytes(128)
+
+
+@gpu
 def test_device_mismatch_raises(gen):
     q, kv, pl, tree = _good(gen, "cuda")
     with pytest.raises(ValueError, match="kv: expected device"):
