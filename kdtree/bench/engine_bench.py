@@ -34,7 +34,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from kdtree.bench.timing import host_clock
+from kdtree.bench.timing import hold_device, host_clock
 from kdtree.engine.ddtree import (Generation, capture, chain_tree, generate, make_phases, needed_capacity,
                                   run_phases, start)
 from kdtree.engine.drafter import SyntheticDrafter
@@ -63,12 +63,17 @@ class _Clock:
             torch.cuda.synchronize()
 
 
-def _time(fns, clock: _Clock, reps: int) -> dict[str, list[float]]:
-    """Seconds per named call over ``reps`` rounds of calling ``fns`` in order, plus the host time."""
+def _time(fns, clock: _Clock, reps: int, hold: bool = False) -> dict[str, list[float]]:
+    """Seconds per named call over ``reps`` rounds of calling ``fns`` in order, plus the host time.
+
+    ``hold`` (graph replays): each round starts behind ``hold_device``, so the first replay's
+    submission by the host is not timed (the later ones queue behind the earlier replays)."""
     out = {name: [] for name, _ in fns} | {"host": []}
     with host_clock() as host:
         clock.host = host
         for _ in range(reps):
+            if hold:
+                hold_device()
             marks, t0 = [clock.mark()], host()
             for _, fn in fns:
                 fn()
@@ -136,8 +141,8 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
         times["step"] = [sum(parts) for parts in zip(*(times[name] for name, _ in phases))]
     else:
         whole = capture(lambda: run_phases(make_phases(model, state, mode, drafter, budget, topk)), warmup=1)
-        times = _time([("step", whole.replay)], clock, steps)
-        times |= {k: v for k, v in _time(_graphs(phases), clock, steps).items() if k != "host"}
+        times = _time([("step", whole.replay)], clock, steps, hold=True)
+        times |= {k: v for k, v in _time(_graphs(phases), clock, steps, hold=True).items() if k != "host"}
     # The attention share of verify, at this step's shapes.
     cfg, kv = model.cfg, state.cache.kv[0]
     N = 1 if mode == "ar" else budget + 1
@@ -146,7 +151,7 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
     call = [("attention", lambda: attend(q, kv, state.cache.lengths, tree, cfg.softmax_scale, cfg.kv_lora_rank))]
     for _ in range(warmup):
         call[0][1]()
-    att = _time(call if timing == "eager" else _graphs(call), clock, steps)["attention"]
+    att = _time(call if timing == "eager" else _graphs(call), clock, steps, hold=timing == "graph")["attention"]
     times["verify.attention"] = [t * cfg.n_layers for t in att]
     times["verify.rest"] = [v - a for v, a in zip(times["verify"], times["verify.attention"])]
     rows = []

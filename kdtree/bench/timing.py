@@ -424,14 +424,28 @@ class Rounds:
         j["timing"].__dict__.update(t.__dict__)
 
 
+HOLD_CYCLES = 200_000   # GPU clock cycles of hold_device: ~0.1 ms at an H200's 1980 MHz
+
+
+def hold_device() -> None:
+    """Queue a kernel that keeps the current GPU busy for :data:`HOLD_CYCLES` cycles, touching no
+    memory, so that work the host queues next starts when it ends rather than when the host
+    gets it submitted."""
+    torch.cuda._sleep(HOLD_CYCLES)
+
+
 def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int = 20,
                warmup: int = 3, l2: str = "warm") -> Timing:
     """Per-call device time under CUDA-graph replay.
 
     ``fn`` is captured ``calls_per_graph`` times into one graph; each replay is timed with
-    events and divided by ``calls_per_graph``, so launch gaps inside the graph count but the
-    replay's own launch is amortised. ``l2="cold"`` flushes the L2 before each replay, which
-    only makes the first call of the graph cold: use it with ``calls_per_graph=1``.
+    events and divided by ``calls_per_graph``, so launch gaps inside the graph count. The
+    replay's own launch does not: :func:`hold_device` keeps the GPU busy while the host submits
+    the replay, so the start event fires with the graph already queued. (On an idle GPU the
+    start event fires at once and the host's submission, 10-40 us that follow the host's speed,
+    entered the span: a 50-100 us step-model component differed by 5-15% between two runs of
+    the same sweep.) ``l2="cold"`` flushes the L2 before each replay, which only makes the
+    first call of the graph cold: use it with ``calls_per_graph=1``.
     """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -452,6 +466,7 @@ def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int
         for i in range(reps):
             if flush is not None:
                 flush()
+            hold_device()
             start.record()
             graph.replay()
             end.record()
