@@ -612,11 +612,28 @@ def test_rows_n_matches_reference(case, splits, gen):
     """The transposed-layout wgmma kernel (rows on wgmma's N) against float64 on fresh trees."""
     if ("wgmma", "rows_n") not in available_kernels():
         pytest.skip("rows_n needs the wgmma kernel (sm_90 + nvcc)")
+    _run_and_check("fused", case, gen, extra=5, splits=splits, impl="wgmma", layout="rows_n")
+
+
+@gpu
+@pytest.mark.parametrize("splits", [None, 3])
+@pytest.mark.parametrize("case", RN_CASES, ids=_ids(RN_CASES))
+@pytest.mark.parametrize("impl", ["tma", "tma_seq"])
+def test_tma_kernels_at_new_shapes(impl, case, splits, gen):
+    """The v6 kernels at rows_n's shapes as well: a 9-word mask (N = 513), every head count,
+    padding nodes, empty and ragged prefixes, splits whose last tile is cut short."""
+    _need_impl(impl)
+    _run_and_check("fused", case, gen, extra=5, splits=splits, impl=impl)
+
+
+def _run_and_check(variant, case, gen, extra, **run):
+    """One CUDA call on a fresh random case (``extra`` cache rows past the last tree) into poisoned
+    outputs, against the float64 reference."""
     B, N, H, pls, nn = case
-    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=5, num_nodes=nn)
+    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=extra, num_nodes=nn)
     ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
     out = _poisoned(B, N, H, "cuda")
-    _run_cuda("fused", q, kv, pl, tree, SCALE, *out, splits=splits, impl="wgmma", layout="rows_n")
+    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, **run)
     torch.cuda.synchronize()
     _check(*out, ref)
 
@@ -634,13 +651,7 @@ KERNELS = [("fused", "mma", "rows_m"), ("fused", "wgmma", "rows_m"), ("fused", "
 def test_fused_kernels_match_reference(variant, impl, layout, case, gen):
     """Every fused kernel (mma.sync; wgmma in both layouts), alone and inside the cascade."""
     _need_impl(impl)
-    B, N, H, pls, nn = case
-    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
-    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
-    out = _poisoned(B, N, H, "cuda")
-    _run_cuda(variant, q, kv, pl, tree, SCALE, *out, impl=impl, layout=layout)
-    torch.cuda.synchronize()
-    _check(*out, ref)
+    _run_and_check(variant, case, gen, extra=3, impl=impl, layout=layout)
 
 
 @gpu
