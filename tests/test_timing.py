@@ -206,3 +206,15 @@ def test_a_graph_replay_is_timed_without_its_submission(monkeypatch):
     monkeypatch.setattr(timing, "hold_device", lambda: None)
     idle = timing.time_graph(lambda: x.add_(1), reps=50, calls_per_graph=1)
     assert held.median_us < idle.median_us, (held, idle)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_clock_sampling_costs_a_short_timing_little_wall_time():
+    """A 3-call eager timing of a trivial op takes milliseconds, its clocks read: sampling runs
+    no nvidia-smi per timing (NVML, or one reading reused for a second)."""
+    x = torch.zeros(1, device="cuda")
+    timing.time_events([lambda: x.add_(1)], reps=3, warmup=1)   # the reader made once
+    t0 = time.perf_counter()
+    t = timing.time_events([lambda: x.add_(1)], reps=3, warmup=1)
+    assert time.perf_counter() - t0 < 0.05 and t.sm_clock_mhz > 0

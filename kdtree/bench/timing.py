@@ -12,6 +12,7 @@ spread over everything timed in this process, for a run's metadata.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import math
@@ -63,9 +64,13 @@ _RUN_CLOCKS: list[tuple[float, float]] = []   # every (sm, mem) sample of this p
 class ClockSampler:
     """SM and memory clocks (MHz) of the current GPU, sampled while timed work runs.
 
-    Use as a context manager around a timed loop: a thread samples every ``interval`` seconds
-    (NVML through ``pynvml`` when it imports, else ``nvidia-smi``); call ``sample()`` at points
-    where the GPU is known busy (after queuing the warm-up, before the final synchronisation).
+    Use as a context manager around a timed loop: call ``sample()`` at points where the GPU is
+    known busy (after queuing the warm-up, before the final synchronisation); with NVML
+    (``pynvml``, the ``nvidia-ml-py`` package) a thread also samples every ``interval`` seconds.
+    Without it a sample runs ``nvidia-smi`` (50-100 ms of a process that queries the driver), so
+    there is no thread and a reading stands for :data:`SMI_REUSE_S` seconds: one spawned every
+    20 ms beside a timed loop slowed every timing by the samples' wall time and loaded the host
+    whose dispatch the eager timings measure.
     Without a GPU or a way to read its clocks the medians are NaN.
     """
 
@@ -74,7 +79,7 @@ class ClockSampler:
         self.samples: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = None
-        self._read = _clock_reader()
+        self._read, self._cheap = _clock_reader(torch.cuda.current_device()) if torch.cuda.is_available() else (None, False)
 
     def sample(self) -> None:
         """Read the clocks once now."""
@@ -92,7 +97,7 @@ class ClockSampler:
             self.sample()
 
     def __enter__(self) -> "ClockSampler":
-        if self._read is not None:
+        if self._read is not None and self._cheap:
             self._thread = threading.Thread(target=self._loop, daemon=True)
             self._thread.start()
         return self
@@ -110,29 +115,40 @@ class ClockSampler:
         return float(np.median(a[:, 0])), float(np.median(a[:, 1]))
 
 
-def _clock_reader():
-    """A function returning (SM MHz, memory MHz) of torch's current GPU, or None."""
-    if not torch.cuda.is_available():
-        return None
+SMI_REUSE_S = 1.0   # without NVML, an nvidia-smi reading stands for the next second's samples
+
+
+@functools.lru_cache(maxsize=None)
+def _clock_reader(index: int):
+    """``(read, cheap)``: a function returning (SM MHz, memory MHz) of GPU ``index`` (torch's
+    numbering) and whether it is cheap (NVML) rather than an ``nvidia-smi`` run; (None, False)
+    when neither works. Made once per GPU and process; the GPU is found by its PCI bus id, which
+    CUDA_VISIBLE_DEVICES does not renumber."""
+    p = torch.cuda.get_device_properties(index)
+    bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
         handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
-        return lambda: (float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
-                        float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)))
+        return (lambda: (float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                         float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)))), True
     except Exception:
         pass
-    index = str(torch.cuda.current_device())
+
+    last = [-math.inf, (math.nan, math.nan)]   # (when, value): a reading is reused for SMI_REUSE_S
 
     def smi() -> tuple[float, float]:
-        out = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=clocks.sm,clocks.mem",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5).stdout
-        sm, mem = (float(x) for x in out.strip().splitlines()[0].split(","))
-        return sm, mem
-    return smi
+        if time.perf_counter() - last[0] > SMI_REUSE_S:
+            out = subprocess.run(["nvidia-smi", "-i", bus, "--query-gpu=clocks.sm,clocks.mem",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5).stdout
+            last[:] = time.perf_counter(), tuple(float(x) for x in out.strip().splitlines()[0].split(","))
+        return last[1]
+    try:
+        smi()
+    except Exception:
+        return None, False
+    return smi, False
 
 
 def clock_summary() -> dict:

@@ -7,7 +7,8 @@ Build it where pip reaches PyPI, for the GPU host's Python (3.12, manylinux x86_
 then, on the GPU host (the folder travels with the checkout)::
 
     python3 -m pip install --no-index --find-links .whl \
-        papermill nbconvert nbformat nbclient ipykernel plotly pyyaml tqdm pandas fastparquet dask distributed
+        papermill nbconvert nbformat nbclient ipykernel plotly pyyaml tqdm pandas fastparquet dask distributed \
+        nvidia-ml-py
 
 or, where site-packages is read-only::
 
@@ -28,7 +29,7 @@ from pathlib import Path
 # fastparquet (a few MB) rather than pyarrow (over 50 MB, near the 64 MB a device call carries);
 # pandas uses it when pyarrow is absent.
 STACK = ("papermill", "nbconvert", "nbformat", "nbclient", "ipykernel", "plotly", "pyyaml", "tqdm",
-         "pandas", "fastparquet", "dask", "distributed")
+         "pandas", "fastparquet", "dask", "distributed", "nvidia-ml-py")
 # Every torch host has these; their wheels are left out.
 HOST_HAS = ("numpy",)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
