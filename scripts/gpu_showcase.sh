@@ -5,12 +5,13 @@
 # GPU needed for that. The runner passes the commit it copied (a copied checkout's .git may be
 # stale):
 #   KDTREE_GIT_SHA=<sha> [KDTREE_GIT_DIRTY=0|1] [RUN_ID=h200-YYYYMMDD] [RUNS="ids"] [CALL_LIMIT=s] \
-#       [SWEEP_LIMIT=s] [SUITE=1] bash scripts/gpu_showcase.sh [OUT_DIR]
+#       [SWEEP_LIMIT=s] [SUITE=1 | SUITE_LOG=path] bash scripts/gpu_showcase.sh [OUT_DIR]
 # RUNS (default: RUN_ID and RUN_ID-rerun) run in order; the first gets at most SWEEP_LIMIT
 # seconds, the next what is left of CALL_LIMIT (less a reserve for the suite, the compare and the
 # archive). A run cut off keeps its finished points, and naming it in RUNS in the next call
 # resumes it (its folder is unpacked from scratch/<id>.tgz when the machine no longer has it);
-# SUITE=1 then runs the GPU suite and puts its log in every run folder it finds.
+# SUITE=1 then runs the GPU suite and puts its log in every run folder it finds; SUITE_LOG names
+# the log of a suite run earlier on the same commit (the previous call), put there instead.
 # OUT_DIR gets the logs and runs.tgz (the run folders); `tar xzf runs.tgz` in the checkout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,10 +37,14 @@ for r in $runs; do
     echo "sweep $r: rc=$? in $(( $(date +%s) - start )) s (limit $limit s)"
     grep -vE "distributed\.|IPKernelApp|without encryption" "$out/sweep-$r.log" | tail -3
 done
+log=${SUITE_LOG:-}
 if [ "${SUITE:-0}" = 1 ]; then
     EXTRA_IMPL=none TREE_BENCH=0 timeout $(( $(left) - 20 )) bash scripts/gpu_suite.sh "$out/suite"
+    log=$out/suite/gpu_tests.log
+fi
+if [ -n "$log" ]; then
     for r in "$rid" "$rid-rerun"; do
-        [ ! -d "parameterized_runs/$r" ] || cp "$out/suite/gpu_tests.log" "parameterized_runs/$r/gpu_tests.log"
+        [ ! -d "parameterized_runs/$r" ] || cp "$log" "parameterized_runs/$r/gpu_tests.log"
     done
 fi
 python3 - "$rid" "$rid-rerun" <<'PY' | tee "$out/points.txt"
