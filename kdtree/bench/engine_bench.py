@@ -141,6 +141,7 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
         times["step"] = [sum(parts) for parts in zip(*(times[name] for name, _ in phases))]
     else:
         whole = capture(lambda: run_phases(make_phases(model, state, mode, drafter, budget, topk)), warmup=1)
+        whole.replay()   # one untimed replay: the first one of a new graph runs slow
         times = _time([("step", whole.replay)], clock, steps, hold=True)
         times |= {k: v for k, v in _time(_graphs(phases), clock, steps, hold=True).items() if k != "host"}
     # The attention share of verify, at this step's shapes.
