@@ -351,3 +351,15 @@ def test_the_cpu_sweep_records_the_plan_and_the_clocks():
     assert {"splits", "layout", "impl", "sm_clock_mhz", "mem_clock_mhz"} <= set(df.columns)
     with pytest.raises(ValueError, match="budget_s"):
         run_attention_sweep([5], [16], [1], [8], budget_s=0)
+
+
+def test_a_sweep_over_several_points_times_each_on_its_own_inputs():
+    """The host (on a GPU: eager) timings of every point are taken after the loop over the points
+    (``timing.Rounds``): each must still call its own point's tree and prefix lengths. Calls
+    bound to the last point's tree raised a shape error at every other point on an H200."""
+    from kdtree.bench.attention_sweep import run_attention_sweep
+
+    df = run_attention_sweep([5, 9], [16, 40], [1, 2], [8], quick=True, progress=False)
+    assert len(df) == 8 and df["median_us"].gt(0).all()
+    assert set(map(tuple, df[["q_len", "prefix", "batch"]].to_numpy())) == {
+        (n, p, b) for n in (5, 9) for p in (16, 40) for b in (1, 2)}

@@ -31,7 +31,7 @@ from kdtree.attention import D_QK, D_V, errors, random_parents, reference_attent
 from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.models import launch_plan_columns, verify_attention_cost
 from kdtree.bench.roofline import roof_times
-from kdtree.bench.timing import Rounds, Timing, time_events, time_graph, time_host
+from kdtree.bench.timing import Rounds, Timing, time_events, time_graph
 from kdtree.tree import Tree
 
 SCALE = 1 / math.sqrt(192)
@@ -135,12 +135,12 @@ def trivial_call(variant: str, device: torch.device, gen: torch.Generator):
     return (lambda: call(variant, *sets[0], pl, tree)), launches
 
 
-def _timings(fns, device: torch.device, quick: bool, floor=None, rounds: Rounds | None = None) -> list[Timing]:
+def _timings(fns, device: torch.device, quick: bool, floor, rounds: Rounds) -> list[Timing]:
     """Warm and cold, eager and graph on a GPU (``floor``: the variant's trivial call, timed
-    interleaved with the eager calls; the eager timings registered with ``rounds``, taken when
-    it runs); host time on a CPU."""
+    interleaved with the eager calls); host time on a CPU. The eager and host timings are
+    registered with ``rounds`` and taken when it runs."""
     if device.type != "cuda":
-        return [time_host(fns[0], reps=3 if quick else 10, warmup=1)]
+        return [rounds.host(fns[0], reps=3 if quick else 10, warmup=1)]
     p = _plan(quick, time_events(fns[:1], reps=3, warmup=1).median_us)
     it = itertools.count()
 
@@ -192,8 +192,8 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
     props = torch.cuda.get_device_properties(0) if device.type == "cuda" else None
     l2_bytes = props.L2_cache_size if props else 0
     sms = props.multi_processor_count if props else 132
-    # The eager timings of every point are taken together at the end, in rounds spread over all
-    # of them (``Rounds``): their inputs stay allocated until then.
+    # The eager (on a CPU: host) timings of every point are taken together at the end, in rounds
+    # spread over all of them (``Rounds``): their inputs stay allocated until then.
     rows, notes, rounds = [], [], Rounds()
     grid = list(itertools.product(q_lens, prefixes, batches, heads))
     for N, P, B, H in tqdm(grid, desc="verify attention", disable=not progress):
@@ -219,7 +219,8 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
             except AssertionError as exc:
                 notes.append(f"{v} N={N} P={P} B={B} H={H}: FAILED the check, not timed: {exc}")
                 continue
-            fns = [lambda s=s, v=v: call(v, s[0], s[1], pl, tree) for s in sets]
+            # Every name bound now: the eager timings run after the loop has moved on.
+            fns = [lambda s=s, v=v, pl=pl, tree=tree: call(v, s[0], s[1], pl, tree) for s in sets]
             floor, floor_launches = trivial_call(v, device, gen) if device.type == "cuda" else (None, math.nan)
             for t in _timings(fns, device, quick, floor, rounds):
                 rows.append(({"kernel": "verify_attention", "variant": v, "q_len": N, "prefix": P, "batch": B,
@@ -227,7 +228,8 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
                              t, {"floor_launches": floor_launches if t.mode == "eager" else math.nan,
                                  "check_rel": rel, "check_lse": lse_err}))
     if progress and rounds.pending:
-        print(f"verify attention: {rounds.pending} eager timings in {rounds.rounds} rounds", flush=True)
+        print(f"verify attention: {rounds.pending} {'eager' if device.type == 'cuda' else 'host'} timings "
+              f"in {rounds.rounds} rounds", flush=True)
     rounds.run()
     for line in notes:
         print(line)

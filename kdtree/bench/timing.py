@@ -327,6 +327,7 @@ def _event_samples(fns, reps: int, first: int, flush, floor) -> tuple[list[float
 
 
 ROUNDS = 10   # rounds of every Rounds timing
+HOST_REWARM_S = 1e-3   # host calls shorter than this get an untimed call at the start of each round
 
 
 class Rounds:
@@ -374,8 +375,9 @@ class Rounds:
              min_s: float | None = None) -> Timing:
         """Register a host timing, as :func:`time_host` takes it: ``reps`` calls and ``min_s``
         seconds in all, spread over up to ``rounds`` rounds (fewer for a call so long that a
-        round would otherwise exceed its share of ``min_s``), each round one untimed call and
-        then at least one timed."""
+        round would otherwise exceed its share of ``min_s``), each round at least one timed call,
+        after an untimed one where a call is shorter than :data:`HOST_REWARM_S` (the other
+        timings' rounds evicted its data from the CPU caches; a longer call rewarms them itself)."""
         t = Timing(math.nan, math.nan, math.nan, 0, "host", "n/a")
         self._jobs.append({"kind": "host", "fn": fn, "reps": reps, "warmup": warmup, "sync": sync,
                            "min_s": HOST_MIN_S if min_s is None else min_s, "timing": t})
@@ -414,7 +416,7 @@ class Rounds:
         j["fn"]()
         if j["sync"]:
             torch.cuda.synchronize()
-        per_call = max(clock() - t0, 1e-7)
+        j["per_call"] = per_call = max(clock() - t0, 1e-7)
         j["n_rounds"] = max(1, min(self.rounds, max(j["reps"], int(j["min_s"] / per_call))))
 
     def _round(self, j: dict, flush, clock) -> tuple[list[float], list[float]]:
@@ -426,7 +428,8 @@ class Rounds:
             out = _event_samples(j["fns"], reps, j["taken"], flush if j["l2"] == "cold" else None, j["floor"])
             j["taken"] += reps
             return out
-        j["fn"]()
+        if j["per_call"] < HOST_REWARM_S:
+            j["fn"]()
         return _host_samples(j["fn"], clock, -(-j["reps"] // n), j["min_s"] / n, j["sync"]), []
 
     @staticmethod
