@@ -6,19 +6,25 @@ builds), each timed in cycles spread over the call, every cycle by two methods:
                the floor interleaved; host paths 3 calls and on for 0.25 s)
   interleaved  ROUNDS rounds over all points, REPS_PER_ROUND repetitions of each per round
 
-Every sample is written (OUT.parquet: cycle, method, point, round, us, floor_us, thread_us), so
-that estimators (median, pooled median, low quartile, min of round medians) can be judged
-offline by how often two cycles agree within 5%. A pure-Python loop is timed at every round
-(the host's speed over time), with the process's involuntary context switches and the
-machine's steal ticks per cycle. Usage: python scripts/host_timing_check.py OUT.parquet [CYCLES]
+Every sample is written (OUT.parquet: cycle, method, point, round, us, floor_us, thread_us), with
+a summary beside it (OUT.summary.parquet: per round and per timing, the statistics the
+estimators need), so that estimators (the median, the low quartile, the minimum, the quietest
+round's median, time over the floor) can be judged offline by how often two cycles agree
+within 5%. A pure-Python loop is timed at every round (the host's speed over time), with the
+process's involuntary context switches and the machine's steal ticks per cycle.
+
+Usage: python scripts/host_timing_check.py OUT.parquet [CYCLES]   (on a GPU host)
+       python scripts/host_timing_check.py --agreement OUT.summary.parquet
 """
 from __future__ import annotations
 
+import itertools
 import resource
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -114,7 +120,55 @@ def one_cycle(cycle: int, method: str, eager: dict, host: dict, flush, rows: lis
             add(name, r, time_hostpath(fn, 3, 0.25) if method == "blocked" else time_hostpath(fn, 1, 0.025), "host")
 
 
+def summarize_samples(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (cycle, method, kind, point): each round's median (``round`` >= 0) and the pooled
+    statistics of all its samples (``round`` = -1): median, p25, minimum, floor and CPU-time
+    medians, sample count."""
+    def stats(g):
+        return pd.Series({"median": g.us.median(), "p25": g.us.quantile(0.25), "min": g.us.min(), "n": len(g),
+                          "floor": g.floor_us.median() if "floor_us" in g else np.nan,
+                          "thread": g.thread_us.median() if "thread_us" in g else np.nan})
+    keys = ["cycle", "method", "kind", "point"]
+    rounds = df.groupby(keys + ["round"]).apply(stats, include_groups=False).reset_index()
+    pooled = df.groupby(keys).apply(stats, include_groups=False).reset_index().assign(round=-1)
+    return pd.concat([rounds, pooled], ignore_index=True)
+
+
+def estimates(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (cycle, method, kind, point): the estimators judged, from ``summarize_samples``."""
+    pooled = summary[summary["round"] < 0].set_index(["cycle", "method", "kind", "point"])
+    rounds = summary[summary["round"] >= 0]
+    quiet = rounds.loc[rounds.groupby(["cycle", "method", "kind", "point"])["median"].idxmin()]
+    out = pooled[["median", "p25", "min"]].copy()
+    out["quietest_round"] = quiet.set_index(["cycle", "method", "kind", "point"])["median"]
+    out["over_floor"] = pooled["median"] / pooled["floor"]
+    return out.reset_index()
+
+
+def agreement(summary: pd.DataFrame, within: float = 0.05) -> pd.DataFrame:
+    """Share of the pairs of cycles whose estimates of a point agree within ``within``, per
+    method, kind and estimator."""
+    est = estimates(summary)
+    rows = []
+    for (method, kind), g in est.groupby(["method", "kind"]):
+        for col in ("median", "p25", "min", "quietest_round", "over_floor"):
+            ok = tot = 0
+            for _, gp in g.groupby("point"):
+                v = gp.sort_values("cycle")[col].to_numpy()
+                for i, j in itertools.combinations(range(len(v)), 2):
+                    if np.isfinite(v[i]) and np.isfinite(v[j]):
+                        tot += 1
+                        ok += abs(v[j] / v[i] - 1) <= within
+            if tot:
+                rows.append({"method": method, "kind": kind, "estimator": col, "pairs": tot, "agree": ok / tot})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
+    if sys.argv[1] == "--agreement":
+        table = agreement(pd.read_parquet(sys.argv[2]))
+        print(table.pivot_table(index=["method", "kind"], columns="estimator", values="agree").round(3).to_string())
+        return
     out = Path(sys.argv[1])
     cycles = int(sys.argv[2]) if len(sys.argv) > 2 else 4
     dev = torch.device("cuda")
@@ -133,6 +187,7 @@ def main() -> None:
         df["cycle"] += prev["cycle"].max() + 1
         df = pd.concat([prev, df])
     df.to_parquet(out)
+    summarize_samples(df).to_parquet(out.with_suffix(".summary.parquet"))
 
 
 if __name__ == "__main__":

@@ -343,8 +343,10 @@ class Rounds:
     round (the round with the lowest median; interference only adds time, so the quietest
     round is the host's own speed), its ``floor_us`` that round's floor, its ``reps`` every
     call of every round. On an H200's host, timings of 22 eager calls and 7 host paths taken
-    this way agreed within 5% between passes at 100% of the pairs, against 66% (eager) and 54%
-    (host) back to back (``scripts/host_timing_check.py``).
+    this way agreed within 5% between passes at 99.8% (eager) and 100% (host) of the pairs,
+    against 66.1% and 53.8% back to back (``scripts/host_timing_check.py``,
+    ``results/host_timing_h200``). Between runs minutes apart the host's speed also drifts, by
+    whole families of points: rounds do not remove that.
 
     The registering methods return a :class:`Timing` whose fields :meth:`run` fills in; until
     then its ``reps`` is 0 and its ``as_dict`` refuses.
