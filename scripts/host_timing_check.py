@@ -112,7 +112,7 @@ def one_cycle(cycle: int, method: str, eager: dict, host: dict, flush, rows: lis
     for r in range(rounds):
         for name, (calls, floor, cold) in eager.items():
             if r == 0:
-                warm_up(lambda: (calls[0](), floor()), 3, sync=True)
+                warm_up(lambda calls=calls, floor=floor: (calls[0](), floor()), 3, sync=True)
             add(name, r, time_eager(calls, floor, cold, 100 if method == "blocked" else REPS_PER_ROUND, flush), "eager")
         for name, fn in host.items():
             if r == 0:

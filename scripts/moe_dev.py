@@ -35,14 +35,14 @@ for T in (1, 17, 65, 257, 1025):
         chosen = s64.gather(1, e)
         ok = bool((chosen.amin(1) >= s64.scatter(1, e, -1.0).amax(1) - 1e-5).all()) and bool(
             torch.allclose(w.double(), chosen / chosen.sum(1, keepdim=True) * scale, atol=1e-5 * scale))
-        t = time_graph(lambda: ek.route(x, gate, k, scale, shape=shape), reps=20, calls_per_graph=5) if ok else None
+        t = time_graph(lambda x=x, shape=shape: ek.route(x, gate, k, scale, shape=shape), reps=20, calls_per_graph=5) if ok else None
         rows.append(dict(T=T, router="kernel", shape="default" if shape is None else f"{shape[0]}x{shape[1]}",
                          ok=ok, us=t.median_us if t else float("nan")))
     moe.backend = "torch"
     xf = x.float()
     sc = F.linear(xf, gate)
-    parts = {"torch route": lambda: moe.route(x), "linear_f32": lambda: F.linear(xf, gate),
-             "sigmoid": lambda: torch.sigmoid(sc), "topk": lambda: sc.topk(k, dim=-1)}
+    parts = {"torch route": lambda x=x: moe.route(x), "linear_f32": lambda xf=xf: F.linear(xf, gate),
+             "sigmoid": lambda sc=sc: torch.sigmoid(sc), "topk": lambda sc=sc: sc.topk(k, dim=-1)}
     for name, fn in parts.items():
         rows.append(dict(T=T, router="torch", shape=name, ok=True,
                          us=time_graph(fn, reps=20, calls_per_graph=5).median_us))

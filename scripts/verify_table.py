@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         best.setdefault(key, {})[r["config"]] = r
     print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} roof {'pingpong':>14s} {'wgmma':>14s} {'cascade':>9s} {'mma':>9s}")
     for (B, N, H, P), c in best.items():
-        def cell(name, frac=True):
+        def cell(name, frac=True, c=c):
             r = c.get(name)
             if r is None:
                 return "-"

@@ -345,7 +345,7 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
                     rows.append(row | {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
                     continue
 
-                def call(x=x, expert=expert):
+                def call(x=x, expert=expert, moe=moe):
                     w, _ = moe.route(x)                       # the router runs; its choice is replaced
                     return moe.experts(x, w, expert, shared=True)
 
@@ -355,9 +355,9 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
                     kernels = count_kernels(call) if cuda else -1
                 order, _, offs = moe.permute(expert)
                 xs = x[order // k]
-                g = (time_graph(lambda: moe.expert_mlp(xs, offs), reps=10 if quick else 30,
+                g = (time_graph(lambda xs=xs, offs=offs, moe=moe: moe.expert_mlp(xs, offs), reps=10 if quick else 30,
                                 calls_per_graph=3 if quick else 10)
-                     if cuda else time_host(lambda: moe.expert_mlp(xs, offs), reps=3 if quick else 10, warmup=1))
+                     if cuda else time_host(lambda xs=xs, offs=offs, moe=moe: moe.expert_mlp(xs, offs), reps=3 if quick else 10, warmup=1))
                 row |= dict(kernels=kernels, gemm_us=g.median_us, **t.as_dict())
                 if ceilings is not None:
                     cost = moe_layer_cost(tokens=T, distinct=row["distinct"], local_slots=row["local_slots"],

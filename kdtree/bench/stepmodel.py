@@ -350,14 +350,14 @@ def _measure_components(model, batches, budgets, prefixes, *, drafter, quick, se
         for N in sorted({nodes_for(b) for b in budgets}):
             x = torch.randn(B, N, cfg.dim, device=device, generator=gen).to(dtype)
             tok = torch.randint(0, vocab, (B, N), device=device, generator=gen)
-            rows.append(_row("norms", "layer", B, N, 0, timer(lambda: (norm(x) + x, norm(x) + x))))
+            rows.append(_row("norms", "layer", B, N, 0, timer(lambda x=x: (norm(x) + x, norm(x) + x))))
             rows.append(_row("embed_head", "step", B, N, 0,
-                             timer(lambda: (embed(tok), head(norm(x)).argmax(-1)))))
+                             timer(lambda x=x, tok=tok: (embed(tok), head(norm(x)).argmax(-1)))))
             if dense:
-                rows.append(_row("ffn", "layer", B, N, 0, timer(lambda: ffn(x))))
+                rows.append(_row("ffn", "layer", B, N, 0, timer(lambda x=x: ffn(x))))
             else:
-                rows.append(_row("moe", "layer", B, N, 0, timer(lambda: moe(x))))
-                rows.append(_row("dense_ffn", "layer", B, N, 0, timer(lambda: ffn(x))))
+                rows.append(_row("moe", "layer", B, N, 0, timer(lambda x=x: moe(x))))
+                rows.append(_row("dense_ffn", "layer", B, N, 0, timer(lambda x=x: ffn(x))))
             for P in prefixes:
                 rows += _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen, core)
     rows += [dict(r) for r in phases] if phases is not None else measure_decode_phases(
