@@ -31,7 +31,7 @@ import torch
 import kdtree
 from kdtree.bench import attention_sweep as av
 from kdtree.bench.ceilings import trivial_ops
-from kdtree.bench.timing import L2Flush, QuietGC, warm_up
+from kdtree.bench.timing import L2Flush, QuietGC, _event_samples, warm_up
 from kdtree.bench.tree_bench import agreeing_target, draft_inputs
 from kdtree.tree import build_tree_reference
 
@@ -75,21 +75,10 @@ def host_points() -> dict:
 
 
 def time_eager(calls, floor, cold, reps, flush) -> list[tuple[float, float]]:
-    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(reps)]
+    """(call, floor) microseconds of ``reps`` eager calls, by the package's own sampling loop."""
     with QuietGC():
-        for i, e in enumerate(ev):
-            if cold:
-                flush()
-                torch.cuda.synchronize()
-            e[0].record()
-            calls[i % len(calls)]()
-            e[1].record()
-            torch.cuda.synchronize()
-            e[2].record()
-            floor()
-            e[3].record()
-        torch.cuda.synchronize()
-    return [(e[0].elapsed_time(e[1]) * 1e3, e[2].elapsed_time(e[3]) * 1e3) for e in ev]
+        pairs = _event_samples(calls, reps, 0, flush if cold else None, floor)
+    return list(zip(*pairs))
 
 
 def time_hostpath(fn, reps, min_s) -> list[tuple[float, float]]:

@@ -253,9 +253,10 @@ def _measure_gpu(quick: bool) -> Ceilings:
     passes = 100
     # The L2 probe first, on a cool GPU, each of L2_ATTEMPTS resident buffers newly allocated,
     # 100 passes per launch (~0.2 ms on an H200). Run after the HBM probes and the matmuls with
-    # 20 passes, it gave 5.4-5.9 TB/s in one call and 7.5-8.2 TB/s alone on the same machine
-    # minutes later (the SM clock at 1980 MHz in both): the previous probes' power draw and the
-    # short launches' ramp both cost it.
+    # 20 passes, it gave 5.4-5.9 TB/s in five of six buffers of one call and 7.5-8.2 TB/s alone
+    # on the same machine minutes later (results/gpu_suite_h200_841e675/l2.txt,
+    # results/host_timing_h200/l2probe.txt): the previous probes' power draw and the short
+    # launches' ramp both cost it.
     attempts = []
     for _ in range(L2_ATTEMPTS):
         small = torch.empty(resident // 4, device="cuda").uniform_()
