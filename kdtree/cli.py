@@ -68,22 +68,27 @@ def _run_dir(text: str, root: str) -> str:
 
 def _sweep(args) -> int:
     from kdtree.bench.report import render_run
-    from kdtree.bench.sweep import run_sweep, summary
+    from kdtree.bench.sweep import TWIN, run_sweep, summary
 
     try:
         run_dir = run_sweep(args.spec, run_id=args.run_id, resume=args.resume, profile=args.profile,
-                            timeout=args.timeout, executor=args.executor, scheduler=args.scheduler)
+                            timeout=args.timeout, executor=args.executor, scheduler=args.scheduler, twin=args.twin)
     except KeyboardInterrupt:
         print("sweep interrupted: finished points are kept; run again with the same --run-id (or --resume)",
               file=sys.stderr)
         return 130
-    s = summary(run_dir)
-    if args.report:
-        print(f"report: {render_run(run_dir, args.reports)}")
-    print(f"run {s['run_id']} in {run_dir}: {s['counts']}")
-    for pid, err in s["failures"].items():
-        print(f"  FAILED {pid}: {err}")
-    return 1 if s["failures"] else 0
+    failed = False
+    for run in [run_dir] + ([run_dir.with_name(run_dir.name + TWIN)] if args.twin else []):
+        s = summary(run)
+        if args.report:
+            print(f"report: {render_run(run, args.reports)}")
+        print(f"run {s['run_id']} in {run}: {s['counts']}")
+        for pid, err in s["failures"].items():
+            print(f"  FAILED {pid}: {err}")
+        failed |= bool(s["failures"])
+    if args.twin:
+        print(f"compare the twins: kdtree compare {run_dir} {run_dir.with_name(run_dir.name + TWIN)}")
+    return 1 if failed else 0
 
 
 def _report(args) -> int:
@@ -188,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "else a LocalCUDACluster (dask-cuda) or LocalCluster it starts")
     s.add_argument("--scheduler", default=None, metavar="tcp://HOST:PORT",
                    help="with --executor dask: the address of a running Dask scheduler")
+    s.add_argument("--twin", action="store_true",
+                   help="also write <run-id>-twin, the same sweep point by point beside it (each point runs "
+                        "twice in a row), for `kdtree compare` of two runs made together")
     s.add_argument("--report", action="store_true", help="render the run's report afterwards")
     s.add_argument("--reports", default="reports", help="reports folder (default reports/)")
     s.set_defaults(func=_sweep)

@@ -122,7 +122,7 @@ def test_engine_tau_reads_the_throughput_table():
 
 def test_dense_attention_matches_a_float64_reference(gen):
     cfg = S.DENSE_TINY
-    attn = S._init(S.DenseAttention(cfg), "cpu", torch.float32, 0)
+    attn = S._init(lambda: S.DenseAttention(cfg), "cpu", torch.float32, 0)
     B, N, P = 2, 5, 7
     x = torch.randn(B, N, cfg.dim, generator=gen)
     kc = torch.randn(B, cfg.n_kv_heads, P + N, cfg.head_dim, generator=gen)

@@ -180,3 +180,35 @@ def test_local_executor_pins_one_worker_per_visible_gpu(monkeypatch):
     assert sorted(pins.values()) == ["2", "5"] and set(threads.values()) == {1}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")        # CUDA's "no GPU": one unpinned worker
     assert sweep.visible_gpus() == []
+
+
+def test_twin_runs_every_point_in_both_runs_back_to_back_and_resumes_each(tmp_path, capsys, caplog):
+    from kdtree.bench.run_folder import latest_run
+    from kdtree.cli import main
+
+    calls = tmp_path / "calls.txt"
+    spec = _sweep_file(tmp_path, [{"notebook": "nb/first.ipynb", "parameters": {"calls": str(calls), "x": 0}},
+                                  {"notebook": "nb/cheap.ipynb", "parameters": {"calls": str(calls)},
+                                   "grid": {"x": [1, 2, 3]}}])
+    _cheap_notebook(tmp_path / "nb" / "first.ipynb")
+    assert main(["sweep", str(spec), "--run-id", "t", "--twin", "--profile", "cpu", "--timeout", str(CELL_TIMEOUT)]) == 0
+    out = capsys.readouterr().out
+    a, b = spec.parent / "t", spec.parent / "t-twin"
+    assert f"run t in {a}: {{'ok': 4}}" in out and f"run t-twin in {b}: {{'ok': 4}}" in out
+    assert f"kdtree compare {a} {b}" in out
+    ma, mb = read_manifest(a), read_manifest(b)
+    assert (ma["twin"], mb["twin"]) == ("t-twin", "t") and ma["points"].keys() == mb["points"].keys()
+    assert _files(a) == _files(b)
+    # each point ran in the run, then at once in its twin; the first notebook's points came first
+    assert calls.read_text().split() == ["0", "0", "1", "1", "2", "2", "3", "3"]
+    assert latest_run(spec.parent) == a                     # the pair resumes through its first run
+
+    damaged = next(e for e in mb["points"].values() if e["params"].get("x") == 2)
+    (b / damaged["results"]).unlink()
+    run_sweep(spec, resume=True, twin=True, profile="cpu", progress=False, timeout=CELL_TIMEOUT)
+    assert calls.read_text().split()[8:] == ["2"]           # only the twin's damaged point ran again
+    assert summary(a)["counts"] == summary(b)["counts"] == {"ok": 4}
+    assert "run t-twin: point" in caplog.text
+
+    with pytest.raises(ValueError, match="with twin, name the first run"):
+        run_sweep(spec, run_id="t-twin", twin=True, profile="cpu", progress=False)

@@ -72,10 +72,14 @@ def write_manifest(run_dir: str | Path, manifest: dict) -> None:
     write_text(Path(run_dir) / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
 
 
+TWIN = "-twin"     # the second run of a pair of twins is named after the first with this suffix
+
+
 def latest_run(out_root: str | Path, name: str | None = None) -> Path | None:
     """The most recently created run directory (of sweep ``name``, if given) under ``out_root``.
 
-    A folder whose ``run.json`` is unreadable is skipped with a warning.
+    A folder whose ``run.json`` is unreadable is skipped with a warning; the second run of a
+    pair of twins (``run_sweep(twin=True)``) is not a candidate: its first run is.
     """
     runs = {}
     for d in sorted(Path(out_root).glob("*")):
@@ -85,6 +89,8 @@ def latest_run(out_root: str | Path, name: str | None = None) -> Path | None:
             m = load_manifest(d)
         except DamagedRun as exc:
             log.warning("skipping run folder %s: %s", d.name, exc)
+            continue
+        if m and m.get("run_id") == f"{m.get('twin')}{TWIN}":
             continue
         if m and (name is None or m.get("sweep") == name):
             runs[d] = str(m.get("created", ""))

@@ -28,6 +28,7 @@ plus tree, the tree mask left out; one GPU).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -180,9 +181,14 @@ def _timer(quick: bool, l2: str = "warm"):
     return lambda fn: time_host(fn, reps=2 if quick else 5, warmup=1)
 
 
-def _init(module: nn.Module, device, dtype, seed: int) -> nn.Module:
-    """``module`` on ``device`` in ``dtype`` with N(0, 1 / fan_in) weights (norms 1), eval, no grad."""
-    module = module.to(device=device, dtype=dtype)
+def _init(make: Callable[[], nn.Module], device, dtype, seed: int) -> nn.Module:
+    """The module ``make()`` builds, on ``device`` in ``dtype`` with N(0, 1 / fan_in) weights
+    (embeddings N(0, 1), norms 1), eval, no grad. ``make`` runs on the meta device, so torch's
+    default initialisation never runs: on the host it cost 9 s for Kimi K2's embedding and head
+    (2 x 1.2 G float32 draws) in every 05 notebook, weights then overwritten here."""
+    with torch.device("meta"):
+        module = make()
+    module = module.to(dtype).to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -326,8 +332,8 @@ def _measure_components(model, batches, budgets, prefixes, *, drafter, quick, se
     rows = []
     if dense:
         cfg = DENSE_MODELS[model]
-        attn = _init(DenseAttention(cfg), device, dtype, seed)
-        ffn = _init(SwiGLU(cfg.dim, cfg.inter_dim), device, dtype, seed + 1)
+        attn = _init(lambda: DenseAttention(cfg), device, dtype, seed)
+        ffn = _init(lambda: SwiGLU(cfg.dim, cfg.inter_dim), device, dtype, seed + 1)
         vocab = cfg.vocab_size
     else:
         cfg = get_config(model)
@@ -343,9 +349,9 @@ def _measure_components(model, batches, budgets, prefixes, *, drafter, quick, se
     if target is not None and not dense:
         norm, embed, head = target.norm, target.embed, target.head
     else:
-        norm = _init(RMSNorm(cfg.dim, 1e-6), device, dtype, seed)
-        embed = _init(nn.Embedding(vocab, cfg.dim), device, dtype, seed + 2)
-        head = _init(nn.Linear(cfg.dim, vocab, bias=False), device, dtype, seed + 3)
+        norm = _init(lambda: RMSNorm(cfg.dim, 1e-6), device, dtype, seed)
+        embed = _init(lambda: nn.Embedding(vocab, cfg.dim), device, dtype, seed + 2)
+        head = _init(lambda: nn.Linear(cfg.dim, vocab, bias=False), device, dtype, seed + 3)
     for B in batches:
         for N in sorted({nodes_for(b) for b in budgets}):
             x = torch.randn(B, N, cfg.dim, device=device, generator=gen).to(dtype)

@@ -39,6 +39,10 @@ The points of the first notebook of the file run before the others are handed ou
 default sweep measures the run's ceilings there). Each point's notebook and table are written
 by its worker, and ``run.json`` is updated as each point completes, so an interrupted run
 loses no finished point.
+
+``twin=True`` writes two complete runs of the sweep in one invocation, ``<run-id>`` and
+``<run-id>-twin``, each point run in the first and at once in the second: ``kdtree compare`` of
+the two then measures how well the workbook repeats itself, point by point, seconds apart.
 """
 from __future__ import annotations
 
@@ -61,12 +65,12 @@ import pandas as pd
 from kdtree.bench.atomic import atomic_path, write_text
 from kdtree.bench.notebook_run import execute_notebook
 from kdtree.bench.results import load_table, run_metadata, save_table
-from kdtree.bench.run_folder import (LOCK, MANIFEST, DamagedRun, damage, file_record, latest_run, load_manifest, log,
+from kdtree.bench.run_folder import (LOCK, MANIFEST, TWIN, DamagedRun, damage, file_record, latest_run, load_manifest, log,
                                      point_files, run_lock, write_manifest)
 from kdtree.bench.sweep_spec import load_spec
 
-__all__ = ["MANIFEST", "DamagedRun", "Point", "PointFailed", "combine_results", "latest_run", "load_spec", "plan",
-           "read_manifest", "run_sweep", "summary"]
+__all__ = ["MANIFEST", "TWIN", "DamagedRun", "Point", "PointFailed", "combine_results", "latest_run", "load_spec",
+           "plan", "read_manifest", "run_sweep", "summary"]
 
 RESULTS = "results"
 CEILINGS = "ceilings.json"
@@ -298,35 +302,47 @@ def check_executor(executor: str, scheduler: str | None = None) -> None:
         raise ValueError(f"scheduler: expected an address like tcp://host:8786, got {scheduler!r}")
 
 
-def _run_points(client, points: list[Point], spec: dict, run_dir: Path, manifest: dict, bar,
-                kernel_name: str, timeout: float | None) -> None:
-    """Submit ``points`` (retried once by dask) and record each as it completes."""
+@dataclass
+class _Run:
+    """A run folder being written: its directory, its manifest, whether this sweep created it."""
+
+    dir: Path
+    manifest: dict
+    fresh: bool
+
+
+def _run_points(client, jobs: list[tuple[Point, _Run]], spec: dict, bar, kernel_name: str,
+                timeout: float | None) -> None:
+    """Submit ``jobs`` (retried once by dask), in their order where workers are fewer than jobs,
+    and record each in its run as it completes."""
     from distributed import as_completed
 
-    futures = {client.submit(_execute, p, spec, run_dir, kernel_name, timeout, retries=1,
-                             key=f"kdtree-point-{p.point_id}-{os.urandom(4).hex()}"): p for p in points}
+    futures = {client.submit(_execute, p, spec, run.dir, kernel_name, timeout, retries=1, priority=len(jobs) - i,
+                             key=f"kdtree-point-{p.point_id}-{os.urandom(4).hex()}"): (p, run)
+               for i, (p, run) in enumerate(jobs)}
     try:
         for fut in as_completed(futures):
-            p = futures.pop(fut)
+            p, run = futures.pop(fut)
+            points = run.manifest["points"]
             try:
                 entry = fut.result()
             except PointFailed as exc:
                 entry = exc.entry
             except Exception as exc:  # the point never finished: its worker died (KilledWorker) or it was lost
-                entry = {**manifest["points"][p.point_id], "status": "failed",
-                         "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                entry = {**points[p.point_id], "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]}
             if CEILINGS in entry.get("files", {}):          # the run's ceilings are this point's now
-                for other in manifest["points"].values():
+                for other in points.values():
                     other.get("files", {}).pop(CEILINGS, None)
-            manifest["points"][p.point_id] = entry
-            write_manifest(run_dir, manifest)
+            points[p.point_id] = entry
+            write_manifest(run.dir, run.manifest)
             fut.cancel()            # recorded: the cluster forgets it (a lost worker's results are not recomputed)
             bar.set_postfix_str(p.point_id[:50])
             bar.update()
     except KeyboardInterrupt:
-        for p in futures.values():                          # submitted, not recorded
-            manifest["points"][p.point_id]["status"] = "interrupted"
-        write_manifest(run_dir, manifest)
+        for p, run in futures.values():                     # submitted, not recorded
+            run.manifest["points"][p.point_id]["status"] = "interrupted"
+        for run in {id(r): r for _, r in futures.values()}.values():
+            write_manifest(run.dir, run.manifest)
         with contextlib.suppress(Exception):                # best effort: the cluster closes next anyway
             client.cancel(list(futures), force=True)
         raise
@@ -396,7 +412,7 @@ def _save_combined(run_dir: Path, manifest: dict) -> None:
 def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool = False,
               profile: str = "auto", out_root: str | Path | None = None, kernel_name: str = "python3",
               timeout: float | None = None, progress: bool = True, executor: str = "local",
-              scheduler: str | None = None) -> Path:
+              scheduler: str | None = None, twin: bool = False) -> Path:
     """Execute a sweep file; returns the run directory.
 
     Parameters
@@ -422,6 +438,13 @@ def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool 
         Where the points run (see the module docstring); the run folder is the same either way.
     scheduler : str, optional
         With ``executor="dask"``: the address of a running Dask scheduler, ``tcp://host:port``.
+    twin : bool
+        Also write a second, complete run of the same sweep, ``<run_id>-twin`` (:data:`TWIN`), point
+        by point with the first: each point runs in the run, then at once in the twin (on one
+        worker; the first notebook's points of both runs come first, as in a single run). The two
+        then compare point for point (``kdtree compare``) with the twins of a point seconds apart,
+        so the comparison shows the instrument's repeatability rather than the host's drift over
+        the minutes a whole run takes. Each run folder resumes on its own, or both with ``twin``.
 
     Raises
     ------
@@ -447,40 +470,53 @@ def run_sweep(spec_path: str | Path, *, run_id: str | None = None, resume: bool 
         run_id = f"{spec['name']}-{_device_slug(profile)}-{stamp}"
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise ValueError(f"run_id {run_id!r}: use letters, digits, '.', '_' and '-' only")
-    run_dir = out_root / run_id
+    if twin and run_id.endswith(TWIN):
+        raise ValueError(f"run_id {run_id!r}: with twin, name the first run; its twin is {run_id}{TWIN}")
     root = spec["root"]
-    manifest = {"run_id": run_id, "sweep": spec["name"],
-                "spec_path": os.path.relpath(spec["path"], root),      # relative: no machine paths
-                "root": os.path.relpath(root, run_dir.resolve()), "profile": profile,
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "executor": executor if scheduler is None else f"dask {scheduler}", "metadata": run_metadata(),
-                "points": {p.point_id: {"notebook": p.notebook, "params": p.params, "status": "pending"}
-                           for p in points}}
+    ids = [run_id, run_id + TWIN] if twin else [run_id]
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    runs = []
+    for rid in ids:
+        run_dir = out_root / rid
+        manifest = {"run_id": rid, "sweep": spec["name"],
+                    "spec_path": os.path.relpath(spec["path"], root),      # relative: no machine paths
+                    "root": os.path.relpath(root, run_dir.resolve()), "profile": profile, "created": created,
+                    "executor": executor if scheduler is None else f"dask {scheduler}", "metadata": run_metadata(),
+                    "points": {p.point_id: {"notebook": p.notebook, "params": p.params, "status": "pending"}
+                               for p in points}}
+        if twin:
+            manifest["twin"] = ids[1 - ids.index(rid)]
+        runs.append(_Run(run_dir, manifest, fresh=not run_dir.exists()))
     first = spec["notebooks"][0]["notebook"]        # runs first: the default sweep measures ceilings there
 
-    fresh = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with run_lock(run_dir):                 # held until the cluster is closed: no writer outlives it
-            _whole_points(run_dir, manifest)
-            todo = [p for p in points if manifest["points"][p.point_id]["status"] != "ok"]
+        with contextlib.ExitStack() as held:
+            for run in runs:
+                run.dir.mkdir(parents=True, exist_ok=True)
+                held.enter_context(run_lock(run.dir))   # held until the cluster is closed: no writer outlives it
+                _whole_points(run.dir, run.manifest)
+            todo = [(p, run) for p in points for run in runs if run.manifest["points"][p.point_id]["status"] != "ok"]
             with sweep_client(executor, scheduler) if todo else contextlib.nullcontext() as client:
-                write_text(run_dir / "sweep.yaml", spec["path"].read_text())
-                write_manifest(run_dir, manifest)
-                waves = [w for w in ([p for p in todo if p.notebook == first],
-                                     [p for p in todo if p.notebook != first]) if w]
-                bar = tqdm(total=len(todo), desc=f"sweep {run_id}", unit="point", disable=not progress)
+                for run in runs:
+                    write_text(run.dir / "sweep.yaml", spec["path"].read_text())
+                    write_manifest(run.dir, run.manifest)
+                waves = [w for w in ([j for j in todo if j[0].notebook == first],
+                                     [j for j in todo if j[0].notebook != first]) if w]
+                bar = tqdm(total=len(todo), desc=f"sweep {run_id}" + (" and its twin" if twin else ""),
+                           unit="point", disable=not progress)
                 try:
                     for wave in waves:
-                        _run_points(client, wave, spec, run_dir, manifest, bar, kernel_name, timeout)
+                        _run_points(client, wave, spec, bar, kernel_name, timeout)
                 finally:
                     bar.close()
-                    _save_combined(run_dir, manifest)
+                    for run in runs:
+                        _save_combined(run.dir, run.manifest)
     except BaseException:
-        if fresh and not any(run_dir.iterdir()):        # a new run that never started leaves nothing behind
-            run_dir.rmdir()
+        for run in runs:                        # a new run that never started leaves nothing behind
+            if run.fresh and run.dir.exists() and not any(run.dir.iterdir()):
+                run.dir.rmdir()
         raise
-    return run_dir
+    return runs[0].dir
 
 
 def summary(run_dir: str | Path) -> dict:

@@ -60,7 +60,7 @@ def bench_point(budget: int, batch: int, depth: int, gpu: bool, quick: bool, rou
     rows = []
     for path in ("paper", "serving"):
         t = rounds.host(lambda path=path: build_tree_reference(lp, tok, budget, path=path), reps=cpu_reps,
-                        warmup=1, sync=gpu, min_s=0.25)
+                        warmup=1, sync=gpu)
         rows.append(_row("build", f"cpu_{path}", budget, batch, depth, k, t))
     if not gpu:
         return rows
