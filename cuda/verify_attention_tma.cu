@@ -27,17 +27,17 @@
 // barrier never runs two phases ahead of a waiter: each next arrival on it needs, transitively,
 // the waiter's wait (the model in tests/test_attention.py checks it under random interleavings).
 // Named barriers remain outside those handoffs: all 256 consumer threads once Q landed and once
-// before the epilogue (both warpgroups' row sums in sRed, the final sM), and the 128 threads of a
-// partial last tile's owner after zeroing its tail rows (below). compute-sanitizer's racecheck
-// reports the epilogue's sRed reads as hazards in launches where that owner's extra bar.sync
-// made one warpgroup pass one barrier more than the other: every sRed write precedes the
-// 256-thread bar.sync and every read follows it: not races (tests/test_attention.py expects the
-// racecheck runs to fail).
+// before the epilogue (both warpgroups' row sums in sRed, the final sM). The owner of a partial
+// last tile syncs its 128 threads after zeroing the tail rows (below) on an mbarrier of its own,
+// zero[w], used at most once per block (a split has one last tile): with a named barrier there,
+// that warpgroup passed one bar.sync more than the other, and compute-sanitizer's racecheck then
+// reported the epilogue's sRed reads, which follow the 256-thread bar.sync that every sRed write
+// precedes, as hazards (not races; perf log, v6).
 //
 // Rows of the last tile past the KV range end are zeroed by the tile's owner after it landed
 // (TMA fills only rows outside the whole [B S] tensor with zeros; rows of later positions or
 // sequences are real memory, possibly not finite, and V rows multiply P = 0): st.shared, fenced
-// for the async proxy, then a barrier of the owner warpgroup before its S; the other warpgroup
+// for the async proxy, then the owner warpgroup's zero[w] mbarrier before its S; the other warpgroup
 // reads the tile after pub. Q comes in by cp.async from the consumers (rows past N H zero-filled).
 #include "attention_common.cuh"
 #include "attention_pingpong.cuh"
@@ -48,16 +48,16 @@
 #define TMA_PRODUCER_REGS 24
 #define TMA_CONSUMER_REGS 240
 #define TMA_NB_CONSUMERS 1  // named barrier: the 256 consumer threads (Q landed; epilogue)
-#define TMA_NB_WG 2         // + warpgroup: the 128 threads of one consumer warpgroup (tail zeroing)
 #define TMA_BOX_BYTES (FUSED_BN * 128)  // one 64-row x 64-column box
 
 // Shared memory: Q, two KV stages, one P tile, fp32 rows sM [BM], sAlpha [BM], sRed [2][BM], then
-// eight mbarriers: full[2], empty[2], pub[2], free[2].
-#define TMA_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 4 * FUSED_BM * 4 + 8 * 8 + 1024)
+// ten mbarriers: full[2], empty[2], pub[2], free[2], zero[2].
+#define TMA_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 4 * FUSED_BM * 4 + 10 * 8 + 1024)
 #define TMA_FULL 0
 #define TMA_EMPTY 2
 #define TMA_PUB 4
 #define TMA_FREE 6
+#define TMA_ZERO 8
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Wait for tile i in its stage; zero its rows past the KV range end (owner warpgroup wg, all 128
@@ -75,7 +75,8 @@ __device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV
                    : "memory");
     }
     att_fence_proxy_async();
-    nb_sync(TMA_NB_WG + wg, 128);
+    mb_arrive(sBar + 8 * (TMA_ZERO + wg));  // at most one partial tile per split: phase 0 only
+    mb_wait(sBar + 8 * (TMA_ZERO + wg), 0);
   }
   pp_issue_s(s, sQ, sK);
 }
@@ -115,7 +116,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
   const att_u32 sQ = att_smem_addr(smem);
   const att_u32 sKV = sQ + FUSED_SMEM_Q;
   const att_u32 sP = sKV + 2 * FUSED_SMEM_KV;
-  const att_u32 sBar = att_smem_addr(sRed + 2 * FUSED_BM);  // 8 bytes each: full, empty, pub, free [2]
+  const att_u32 sBar = att_smem_addr(sRed + 2 * FUSED_BM);  // 8 bytes each: full, empty, pub, free, zero [2]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wtid = tid & 127;
@@ -128,6 +129,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
       mb_init(sBar + 8 * (TMA_EMPTY + s), 256);
       mb_init(sBar + 8 * (TMA_PUB + s), 128);
       mb_init(sBar + 8 * (TMA_FREE + s), 128);
+      mb_init(sBar + 8 * (TMA_ZERO + s), 128);
     }
     mb_init_fence();
   }

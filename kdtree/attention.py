@@ -65,9 +65,9 @@ _RN_MAX_ROWS = 64
 # pingpong (cuda/verify_attention_pingpong.cu): the same tiles with fp32 rows [4][BM] and four
 # 8-byte mbarriers (PP_SMEM_BYTES).
 _PP_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 4 * 8 + 1024
-# tma (cuda/verify_attention_tma.cu): the same with eight mbarriers (TMA_SMEM_BYTES), 384 threads
+# tma (cuda/verify_attention_tma.cu): the same with ten mbarriers (TMA_SMEM_BYTES), 384 threads
 # (a producer warpgroup after the two consumer warpgroups).
-_TMA_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 8 * 8 + 1024
+_TMA_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 10 * 8 + 1024
 _TMA_THREADS = 384
 _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634

@@ -168,11 +168,12 @@ def moe_lines(combined: pd.DataFrame) -> list[str]:
                 _table(["model", "GPUs", "batch", "prefix", "best budget", "tau", "speedup over greedy"], rows)]
     val = m[m["table"] == "validation"]
     if not val.empty:
-        rows = [[f"{int(r.batch)}", "greedy" if r.budget == 0 else f"{int(r.budget)}", _us(r.measured_us),
-                 _us(r.predicted_us), f"{r.ratio:.2f}"] for r in val.itertuples()]
-        out += ["", f"The step model against the engine's measured step (`{val['preset'].iloc[0]}`, "
-                    f"{int(val['layers'].iloc[0])} layers):", "",
-                _table(["batch", "budget", "measured", "predicted", "ratio"], rows)]
+        rows = [[f"`{r.preset}`", f"{int(r.batch)}", "greedy" if r.budget == 0 else f"{int(r.budget)}",
+                 _us(r.measured_us), _us(r.predicted_us), f"{r.ratio:.2f}"] for r in val.itertuples()]
+        layers = ", ".join(str(n) for n in sorted(val["layers"].astype(int).unique()))
+        out += ["", f"The step model against the engine's measured step ({layers} engine layers; ratio = "
+                    f"predicted / measured, from {val['ratio'].min():.2f} to {val['ratio'].max():.2f}):", "",
+                _table(["preset", "batch", "budget", "measured", "predicted", "ratio"], rows)]
     return out
 
 

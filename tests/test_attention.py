@@ -707,24 +707,20 @@ def test_device_mismatch_raises(gen):
         verify_attention(q, kv, pl, tree_to(tree, "cpu"), SCALE)
 
 
-# compute-sanitizer's racecheck reports hazards in the opt-in ping-pong kernels although every
+# compute-sanitizer's racecheck reports hazards in the opt-in pingpong kernels although every
 # result matches float64; their SASS offsets, mapped to source on the cubins that ran, are not
-# races (docs/perf_log.md, v5 and v6). pingpong / pingpong_seq: the non-owner's read of sAlpha
-# against the owner's write, ordered by bar.arrive / bar.sync pairs, and the epilogue's row sums. tma /
-# tma_seq: the epilogue's row sums only (the mbarrier handoffs of P, sAlpha and sM are not
-# reported): sRed is written by each quad's lane 0 before a bar.sync that all 256 consumer
-# threads pass and read after it. Every flagged row-sum read is of a sum written by the
-# warpgroup that passed one bar.sync more than the other (v6: the owner of a partial last tile,
-# after zeroing its tail rows; v5: warpgroup 1, in a split of an even tile count), so racecheck's
-# barrier bookkeeping loses the ordering, not the kernel. Expected failures, strict: a clean
-# racecheck makes them fail, and the mark must then go.
-_RACECHECK_OPEN = {
-    "pingpong": pytest.mark.xfail(strict=True, reason="racecheck reports the bar.arrive / bar.sync handoff of "
-                                  "sAlpha and the epilogue's row sums, not races (docs/perf_log.md, v5)"),
-    "tma": pytest.mark.xfail(strict=True, reason="racecheck reports the epilogue's row sums after one warpgroup's "
-                             "extra bar.sync (partial last tile), not a race (docs/perf_log.md, v6)")}
-_SANITIZED = [(tool, kernel, _RACECHECK_OPEN[kernel.split("_")[0]])
-              if tool == "racecheck" and kernel.startswith(("pingpong", "tma")) else
+# races (docs/perf_log.md, v5 and v6): the non-owner's read of sAlpha against the owner's write,
+# ordered by bar.arrive / bar.sync pairs, and the epilogue's row sums, written by each quad's lane
+# 0 before a bar.sync that all 256 consumer threads pass and read after it. Every flagged row-sum
+# read is of a sum written by the warpgroup that passed one bar.sync more than the other
+# (warpgroup 1, in a split of an even tile count), so racecheck's barrier bookkeeping loses the
+# ordering, not the kernel. The v6 tma kernels had the same row-sum reports (the owner of a
+# partial last tile synced its tail zeroing on a named barrier of its own) until that sync moved to
+# an mbarrier: their racecheck is expected clean. Expected failures, strict: a clean racecheck
+# makes them fail, and the mark must then go.
+_RACECHECK_OPEN = pytest.mark.xfail(strict=True, reason="racecheck reports the bar.arrive / bar.sync handoff of "
+                                    "sAlpha and the epilogue's row sums, not races (docs/perf_log.md, v5)")
+_SANITIZED = [(tool, kernel, _RACECHECK_OPEN) if tool == "racecheck" and kernel.startswith("pingpong") else
               (tool, kernel, ()) for kernel in ("mma", "wgmma", "rows_n", "pingpong", "pingpong_seq", "tma", "tma_seq")
               for tool in ("memcheck", "racecheck", "synccheck")]
 

@@ -218,3 +218,15 @@ def test_clock_sampling_costs_a_short_timing_little_wall_time():
     t0 = time.perf_counter()
     t = timing.time_events([lambda: x.add_(1)], reps=3, warmup=1)
     assert time.perf_counter() - t0 < 0.05 and t.sm_clock_mhz > 0
+
+
+def test_rounds_take_the_floor_from_its_own_quietest_round():
+    """The op's figures come from its quietest round, its floor from the floor's: a floor
+    disturbed in the op's quiet round must not come out above the op's time."""
+    t = timing.Timing(math.nan, math.nan, math.nan, 0, "eager", "warm")
+    job = {"timing": t, "kind": "events", "rounds": [([10.0, 10.0, 10.0], [9.0, 9.5, 9.0]),
+                                                   ([12.0, 12.0, 12.0], [5.0, 5.0, 5.5]),
+                                                   ([11.0, 11.0, 11.0], [7.0, 7.0, 7.0])]}
+    timing.Rounds._fill(job, None)
+    assert t.median_us == 10.0 and t.reps == 9
+    assert t.floor_us == 5.0

@@ -341,7 +341,9 @@ class Rounds:
     of all timings alternate (round 0 of every timing, then round 1, ...), so that one timing's
     rounds spread over the whole :meth:`run`. Its median, p20 and p80 are those of its quietest
     round (the round with the lowest median; interference only adds time, so the quietest
-    round is the host's own speed), its ``floor_us`` that round's floor, its ``reps`` every
+    round is the host's own speed), its ``floor_us`` the median of the floor's own quietest round (the
+    floor's samples from the op's quietest round, where the floor itself may have been disturbed,
+    came out above the op's time at 3 points of a default H200 run), its ``reps`` every
     call of every round. On an H200's host, timings of 22 eager calls and 7 host paths taken
     this way agreed within 5% between passes at 99.8% (eager) and 100% (host) of the pairs,
     against 66.1% and 53.8% back to back (``scripts/host_timing_check.py``,
@@ -440,8 +442,8 @@ class Rounds:
         calls, floors = j["rounds"][quiet]
         t = summarize(calls, j["timing"].mode, j["timing"].l2, clocks if j["kind"] == "events" else None)
         t.reps = sum(len(c) for c, _ in j["rounds"])
-        if floors:
-            t.floor_us = float(np.median(floors))
+        if floors:   # the floor's own quietest round: interference only adds time to it too
+            t.floor_us = min(float(np.median(f)) for _, f in j["rounds"])
         j["timing"].__dict__.update(t.__dict__)
 
 
