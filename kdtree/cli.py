@@ -3,6 +3,7 @@
     kdtree bench tree [--budgets ...] [--batches ...] [--out PATH]   tree build / accept / compaction
     kdtree sweep parameterized_runs/default.yaml [--report]          execute the notebooks over a grid
         [--executor local|dask] [--scheduler tcp://host:port]        on every GPU here, or on a Dask cluster
+        [--twin]                                                     and a second run beside it, point by point
     kdtree report <run-id> [--png]                                   reports/<run-id>/index.html
     kdtree compare <run-a> <run-b>                                   regression report of two runs
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
