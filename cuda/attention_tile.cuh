@@ -158,15 +158,11 @@ __device__ __forceinline__ float fused_softmax_row(float (&s)[NT][4], float tmx,
   return alpha;
 }
 
-// Softmax step for rows r_lo / r_hi, then P as bf16 into the P tile (column group cg: tokens
-// 8 NT cg .. + 8 NT - 1). Returns the rescale factors of the two rows.
+// P (rows r_lo / r_hi of s, already exponentiated) as bf16 into the P tile, column group cg:
+// tokens 8 NT cg .. + 8 NT - 1.
 template <int NT>
-__device__ __forceinline__ void fused_softmax_store_p(float (&s)[NT][4], float tmx_lo, float tmx_hi, float& m_lo,
-                                                      float& m_hi, float& l_lo, float& l_hi, float& al_lo,
-                                                      float& al_hi, att_u32 sP, int r_lo, int r_hi, int cg,
-                                                      int tig) {
-  al_lo = fused_softmax_row<0>(s, tmx_lo, m_lo, l_lo);
-  al_hi = fused_softmax_row<2>(s, tmx_hi, m_hi, l_hi);
+__device__ __forceinline__ void fused_store_p(const float (&s)[NT][4], att_u32 sP, int r_lo, int r_hi, int cg,
+                                              int tig) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int ch = NT * cg + nt;
@@ -175,6 +171,18 @@ __device__ __forceinline__ void fused_softmax_store_p(float (&s)[NT][4], float t
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + fused_off(r_hi, ch, FUSED_BM) + 4 * tig),
                  "r"(att_pack_bf16x2(s[nt][2], s[nt][3])));
   }
+}
+
+// Softmax step for rows r_lo / r_hi, then P as bf16 into the P tile (fused_store_p). Returns the
+// rescale factors of the two rows.
+template <int NT>
+__device__ __forceinline__ void fused_softmax_store_p(float (&s)[NT][4], float tmx_lo, float tmx_hi, float& m_lo,
+                                                      float& m_hi, float& l_lo, float& l_hi, float& al_lo,
+                                                      float& al_hi, att_u32 sP, int r_lo, int r_hi, int cg,
+                                                      int tig) {
+  al_lo = fused_softmax_row<0>(s, tmx_lo, m_lo, l_lo);
+  al_hi = fused_softmax_row<2>(s, tmx_hi, m_hi, l_hi);
+  fused_store_p(s, sP, r_lo, r_hi, cg, tig);
 }
 
 // Store two adjacent output values of tile row r, value column col: bf16 into out, or, for a

@@ -24,6 +24,11 @@ __device__ __forceinline__ att_u64 wg_desc(att_u32 addr, att_u32 lbo, att_u32 sb
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Wait until at most N of this warpgroup's committed wgmma groups are pending (the oldest complete first).
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 
 // Keeps the compiler from touching accumulator registers across wgmma.wait / wgmma.fence.
 template <int COUNT>

@@ -92,14 +92,9 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
                 "verify_fused_pingpong: 2 warpgroups, 64 x 64 tiles, 256 value columns each, 9 column blocks");
   static_assert(PP_SMEM_BYTES <= 232448, "shared memory");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = fused_smem_base(smem_raw);
-  float* sM = reinterpret_cast<float*>(smem + FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P);
-  float* sAlpha = sM + FUSED_BM;
-  float* sRed = sAlpha + FUSED_BM;
-  const att_u32 sQ = att_smem_addr(smem);
-  const att_u32 sKV = sQ + FUSED_SMEM_Q;
-  const att_u32 sP = sKV + 2 * FUSED_SMEM_KV;
-  const att_u32 sBar = att_smem_addr(sRed + 2 * FUSED_BM);  // [stage][half], 8 bytes each
+  const PpSmem m = pp_smem(smem_raw);  // mbarriers from m.sBar: [stage][half]
+  float *sM = m.sM, *sAlpha = m.sAlpha, *sRed = m.sRed;
+  const att_u32 sQ = m.sQ, sKV = m.sKV, sP = m.sP, sBar = m.sBar;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int gid = lane >> 2, tig = lane & 3;

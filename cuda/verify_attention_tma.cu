@@ -68,16 +68,7 @@ __device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV
   const att_u32 sK = sKV + st * FUSED_SMEM_KV;
   mb_wait(sBar + 8 * (TMA_FULL + st), (i >> 1) & 1);
   const int valid = k.hi - (k.lo + (k.kt0 + i) * FUSED_BN);
-  if (valid < FUSED_BN) {
-    for (int c = wtid; c < (FUSED_BN - valid) * QK_CHUNKS; c += 128) {
-      const int r = valid + c / QK_CHUNKS, cg = c % QK_CHUNKS;
-      asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(sK + fused_off(r, cg, FUSED_BN)), "r"(0)
-                   : "memory");
-    }
-    att_fence_proxy_async();
-    mb_arrive(sBar + 8 * (TMA_ZERO + wg));  // at most one partial tile per split: phase 0 only
-    mb_wait(sBar + 8 * (TMA_ZERO + wg), 0);
-  }
+  if (valid < FUSED_BN) pp_zero_tail_rows(sK, valid, wtid, sBar + 8 * (TMA_ZERO + wg));
   pp_issue_s(s, sQ, sK);
 }
 
@@ -109,14 +100,9 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
   static_assert(FUSED_SMEM_KV == 9 * TMA_BOX_BYTES, "a stage is 9 boxes");
   static_assert(2 * 128 * TMA_CONSUMER_REGS + 128 * TMA_PRODUCER_REGS <= 65536, "register file");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = fused_smem_base(smem_raw);
-  float* sM = reinterpret_cast<float*>(smem + FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P);
-  float* sAlpha = sM + FUSED_BM;
-  float* sRed = sAlpha + FUSED_BM;
-  const att_u32 sQ = att_smem_addr(smem);
-  const att_u32 sKV = sQ + FUSED_SMEM_Q;
-  const att_u32 sP = sKV + 2 * FUSED_SMEM_KV;
-  const att_u32 sBar = att_smem_addr(sRed + 2 * FUSED_BM);  // 8 bytes each: full, empty, pub, free, zero [2]
+  const PpSmem m = pp_smem(smem_raw);  // mbarriers from m.sBar: full, empty, pub, free, zero [2]
+  float *sM = m.sM, *sAlpha = m.sAlpha, *sRed = m.sRed;
+  const att_u32 sQ = m.sQ, sKV = m.sKV, sP = m.sP, sBar = m.sBar;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wtid = tid & 127;
@@ -145,17 +131,8 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
     const int r_lo = 16 * (warp & 3) + gid, r_hi = r_lo + 8;
     const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
     const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
-    if (n > 0) {
-      fused_load_rows<FUSED_BM>(sQ, q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK, k.NH - k.g0, tid);
-      att_cp_async_commit();
-      att_cp_async_wait_all();
-      att_fence_proxy_async();
-    }
-    nb_sync(TMA_NB_CONSUMERS, 256);  // Q visible to both consumer warpgroups
-
     float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
-#pragma unroll
-    for (int j = 0; j < 128; ++j) o[j] = 0.f;
+    pp_consumers_start(o, sQ, q, k, n, tid, TMA_NB_CONSUMERS);
     float l_lo = 0.f, l_hi = 0.f;
     const att_u64 dP = wg_desc(sP, 16, 1024);
 
@@ -193,11 +170,8 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
       mb_arrive(sBar + 8 * (TMA_EMPTY + st));  // this thread's reads of tile i are done
     }
 
-    pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_hi, tig);
-    nb_sync(TMA_NB_CONSUMERS, 256);  // both partial sums and the final sM
-
-    fused_store_o_half(o, out, o_part, k, B, slot0, r_lo, wg, tig, sRed);
-    fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sM, tid);
+    pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
+                     TMA_NB_CONSUMERS);
   }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -21,7 +21,9 @@ Variants (all selectable by name, see ``verify_attention``):
   memory with named barriers. The v6 kernels (``impl="tma"`` / ``"tma_seq"``,
   ``cuda/verify_attention_tma.cu``) run v5's tile order fed by a producer warpgroup through the
   copy engine (TMA, a tensor map of kv encoded on the host: ``kdtree.tensor_map``), with every
-  handoff on mbarriers; opt-in only. ``launch_plan`` says what runs, per shape.
+  handoff on mbarriers; the v7 kernel (``impl="seesaw"``, ``cuda/verify_attention_seesaw.cu``) the
+  same tiles with per-box load barriers, per-half stage release and P V issued before the next S;
+  opt-in only. ``launch_plan`` says what runs, per shape.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 """
 from __future__ import annotations
@@ -50,8 +52,10 @@ _SRC_WGMMA = "verify_attention_wgmma"
 _SRC_ROWS_N = "verify_attention_rows_n"
 _SRC_PINGPONG = "verify_attention_pingpong"
 _SRC_TMA = "verify_attention_tma"
-FUSED_IMPLS = ("mma", "wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq")
-_WGMMA_IMPLS = ("wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq")  # sm_90a kernels, built by nvcc
+_SRC_SEESAW = "verify_attention_seesaw"
+FUSED_IMPLS = ("mma", "wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq", "seesaw")
+_WGMMA_IMPLS = ("wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq", "seesaw")  # sm_90a kernels, built by nvcc
+_TMA_MAP_IMPLS = ("tma", "tma_seq", "seesaw")  # take the kv tensor map, 384 threads
 LAYOUTS = ("rows_m", "rows_n")
 _FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/attention_tile.cuh
 _FUSED_THREADS = 256
@@ -68,6 +72,9 @@ _PP_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 4 * 8 + 1024
 # tma (cuda/verify_attention_tma.cu): the same with ten mbarriers (TMA_SMEM_BYTES), 384 threads
 # (a producer warpgroup after the two consumer warpgroups).
 _TMA_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 10 * 8 + 1024
+# seesaw (cuda/verify_attention_seesaw.cu): the same with 28 mbarriers (SEE_SMEM_BYTES): one per
+# KV box and stage, one per stage half, pub / free / zero per warpgroup.
+_SEESAW_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 28 * 8 + 1024
 _TMA_THREADS = 384
 _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634
@@ -174,8 +181,9 @@ def fused_impl(index: int) -> str:
     Both passed the GPU suite and compute-sanitizer on an H200; wgmma (sm_90a, built by nvcc)
     is 1.4x the mma.sync kernel at B=1, N=33, P=4096 (docs/perf_log.md). The environment
     variable ``KDTREE_FUSED_IMPL`` (one of ``FUSED_IMPLS``) overrides the choice; ``pingpong``
-    and ``pingpong_seq`` (``cuda/verify_attention_pingpong.cu``, sm_90a) and ``tma`` and ``tma_seq``
-    (``cuda/verify_attention_tma.cu``, sm_90a) run only when asked.
+    and ``pingpong_seq`` (``cuda/verify_attention_pingpong.cu``, sm_90a), ``tma`` and ``tma_seq``
+    (``cuda/verify_attention_tma.cu``, sm_90a) and ``seesaw`` (``cuda/verify_attention_seesaw.cu``,
+    sm_90a) run only when asked.
     """
     import shutil
 
@@ -248,13 +256,14 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
                shared_mem=_RN_SMEM, device=q.device)
         return
     smem = _FUSED_SMEM
-    if impl in ("tma", "tma_seq"):
+    if impl in _TMA_MAP_IMPLS:
         from kdtree.tensor_map import bf16_matrix_map
 
-        fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_TMA, "nvcc")
+        src, smem = (_SRC_SEESAW, _SEESAW_SMEM) if impl == "seesaw" else (_SRC_TMA, _TMA_SMEM)
+        fn = _kernel(f"verify_fused_{impl}", _index(q.device), src, "nvcc")
         args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK,
                                                           _FUSED_BN, 64))
-        launch(fn, grid, (_TMA_THREADS,), args, shared_mem=_TMA_SMEM, device=q.device)
+        launch(fn, grid, (_TMA_THREADS,), args, shared_mem=smem, device=q.device)
         return
     if impl == "wgmma":
         fn = _kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc")
@@ -325,7 +334,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         Streaming multiprocessors of the device (132 on an H200).
     impl : str
         The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``): ``wgmma`` or ``mma``, or the
-        v5 wgmma kernels ``pingpong`` / ``pingpong_seq`` or the v6 ``tma`` / ``tma_seq`` (rows_m only).
+        v5 wgmma kernels ``pingpong`` / ``pingpong_seq``, the v6 ``tma`` / ``tma_seq`` or the v7
+        ``seesaw`` (rows_m only).
     splits : int, optional
         Force the KV split count (default: ``choose_splits``).
     layout : str, optional

@@ -33,10 +33,10 @@ def tree_to(tree: Tree, device) -> Tree:
 def available_kernels() -> tuple:
     """(impl, layout) pairs of the fused kernel to exercise here: the mma.sync kernel always; where
     ``fused_impl`` picks an sm_90a kernel, the wgmma kernel in both layouts, the v5 pingpong
-    kernels and the v6 tma kernels (rows_m)."""
+    kernels, the v6 tma kernels and the v7 seesaw kernel (rows_m)."""
     if fused_impl(torch.cuda.current_device()) in _WGMMA_IMPLS:
         return (("mma", "rows_m"), ("wgmma", "rows_m"), ("wgmma", "rows_n"), ("pingpong", "rows_m"),
-                ("pingpong_seq", "rows_m"), ("tma", "rows_m"), ("tma_seq", "rows_m"))
+                ("pingpong_seq", "rows_m"), ("tma", "rows_m"), ("tma_seq", "rows_m"), ("seesaw", "rows_m"))
     return (("mma", "rows_m"),)
 
 

@@ -1,20 +1,29 @@
 #!/bin/bash
-# The v6 verify-attention kernels (impl tma / tma_seq, cuda/verify_attention_tma.cu) on an H200 in
-# one device call: their GPU tests (float64 reference on fresh random trees: padding nodes, N = 513,
-# prefix 0, ragged prefixes, split counts, cascade), compute-sanitizer memcheck / racecheck /
-# synccheck on the self-check's small cases, then wgmma vs pingpong vs pingpong_seq vs tma vs
-# tma_seq by CUDA-graph replay with cold L2 at four shapes, each checked against float64 (first and
+# A new verify-attention kernel on an H200 in one device call (by default the v6 kernels, impl tma /
+# tma_seq, cuda/verify_attention_tma.cu): its GPU tests (float64 reference on fresh random trees:
+# padding nodes, N = 513, prefix 0, ragged prefixes, split counts, cascade), compute-sanitizer
+# memcheck / racecheck / synccheck on the self-check's small cases, then the new kernels against the
+# older ones by CUDA-graph replay with cold L2 at four shapes, each checked against float64 (first and
 # last sequence) before it is timed; a short table last. Logs and the table's CSV under $OUT
-# (default /tmp/gpu_kernel_v6): gpu_tests.log, sanitizer.log, timing.csv, timing.log.
+# (default /tmp/gpu_new_kernel): gpu_tests.log, sanitizer.log, timing.csv, timing.log.
+#   NEW="tma tma_seq"   the kernels under test (impl names; tests/sanitize_attention.py's names)
+#   BASE="wgmma pingpong pingpong_seq"   the kernels timed beside them (kept if a new one hangs)
+#   TESTS_K="(-tma- or -tma_seq- or test_tma_) and not sanitizer"   pytest -k of the new kernels'
+#                  GPU tests ("tma" alone would match every marked test through "pytestmark")
 #   BUDGET=190     seconds; a step that would start past it is skipped (and says so)
 #   TIMING_S=50    seconds of the budget kept for the timing (a sanitizer run is cut short for it)
 #   SHAPES="1,33,64,4096;16,33,64,16384;1,257,64,4096;64,9,8,16384"   B,N,H,P of the timing
-# Usage: bash scripts/gpu_kernel_v6.sh
+# Usage: bash scripts/gpu_new_kernel.sh   (the v6 kernels)
+#        NEW=seesaw BASE="wgmma pingpong pingpong_seq tma" TESTS_K="seesaw and not sanitizer" \
+#          bash scripts/gpu_new_kernel.sh   (the v7 kernel)
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT=${OUT:-/tmp/gpu_kernel_v6}
+OUT=${OUT:-/tmp/gpu_new_kernel}
 BUDGET=${BUDGET:-190}
+NEW=${NEW:-"tma tma_seq"}
+BASE=${BASE:-"wgmma pingpong pingpong_seq"}
+TESTS_K=${TESTS_K:-"(-tma- or -tma_seq- or test_tma_) and not sanitizer"}
 mkdir -p "$OUT"
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 have() {  # have SECONDS_NEEDED NAME: is there time for this step?
@@ -24,32 +33,31 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 echo "commit ${KDTREE_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}" | tee -a "$OUT/timing.log"
 
 # 1. GPU tests of the new kernels (the sanitizer runs come next, one process per tool)
-# (-k: "tma" alone would match every marked test through the keyword "pytestmark")
-timeout 100 python3 -m pytest -q -m gpu -k "(-tma- or -tma_seq- or test_tma_) and not sanitizer" tests/test_attention.py \
-  > "$OUT/gpu_tests.log" 2>&1
+timeout 100 python3 -m pytest -q -m gpu -k "$TESTS_K" tests/test_attention.py > "$OUT/gpu_tests.log" 2>&1
 tests_rc=$?
 echo "gpu tests (rc $tests_rc) at ${SECONDS}s: $(grep -E 'passed|failed|skipped|error' "$OUT/gpu_tests.log" | tail -1)"
 grep -E "^FAILED" "$OUT/gpu_tests.log" | head -10
-IMPLS="wgmma pingpong pingpong_seq tma tma_seq"
-if [ $tests_rc = 124 ]; then  # cut off: a v6 kernel may hang; keep the rest of the call for the others
-  echo "gpu tests cut off at 100 s: sanitizers skipped, tma / tma_seq left out of the timing"; tail -3 "$OUT/gpu_tests.log"
-  IMPLS="wgmma pingpong pingpong_seq"
+IMPLS="$BASE $NEW"
+if [ $tests_rc = 124 ]; then  # cut off: a new kernel may hang; keep the rest of the call for the others
+  echo "gpu tests cut off at 100 s: sanitizers skipped, $NEW left out of the timing"; tail -3 "$OUT/gpu_tests.log"
+  IMPLS=$BASE
 elif grep -qiE "CUDA_ERROR|illegal|misaligned|unspecified launch failure" "$OUT/gpu_tests.log"; then
-  echo "a CUDA fault in the tests (it would end the timing process): tma / tma_seq left out of the timing"
+  echo "a CUDA fault in the tests (it would end the timing process): $NEW left out of the timing"
   grep -iE -m 3 "CUDA_ERROR|illegal|misaligned|unspecified launch failure" "$OUT/gpu_tests.log"
-  IMPLS="wgmma pingpong pingpong_seq"
+  IMPLS=$BASE
 fi
 
-# 2. compute-sanitizer, both v6 kernels per run (fused at splits auto / 1 / 3, and cascade); the
+# 2. compute-sanitizer, every new kernel per run (fused at splits auto / 1 / 3, and cascade); the
 # last TIMING_S seconds of the budget stay for the timing
 TIMING_S=${TIMING_S:-50}
 : > "$OUT/sanitizer.log"
 for tool in racecheck memcheck synccheck; do
   [ $tests_rc = 124 ] && break
   have $((TIMING_S + 30)) "$tool" || continue
-  echo "== $tool tma tma_seq" >> "$OUT/sanitizer.log"
+  echo "== $tool $NEW" >> "$OUT/sanitizer.log"
   limit=$((BUDGET - TIMING_S - SECONDS)); [ $limit -gt 120 ] && limit=120
-  timeout $limit "$SAN" --tool=$tool python3 tests/sanitize_attention.py tma tma_seq >> "$OUT/sanitizer.log" 2>&1
+  # shellcheck disable=SC2086  # NEW: a list of names
+  timeout $limit "$SAN" --tool=$tool python3 tests/sanitize_attention.py $NEW >> "$OUT/sanitizer.log" 2>&1
   echo "$tool (rc $?): $(grep -E 'SUMMARY' "$OUT/sanitizer.log" | tail -1); $(grep -c ' ok$' "$OUT/sanitizer.log") ok, $(grep -c 'FAIL' "$OUT/sanitizer.log") FAIL lines so far, at ${SECONDS}s"
 done
 
