@@ -78,8 +78,9 @@ def _sweep(args) -> int:
         print("sweep interrupted: finished points are kept; run again with the same --run-id (or --resume)",
               file=sys.stderr)
         return 130
+    runs = [run_dir] + ([run_dir.with_name(run_dir.name + TWIN)] if args.twin else [])
     failed = False
-    for run in [run_dir] + ([run_dir.with_name(run_dir.name + TWIN)] if args.twin else []):
+    for run in runs:
         s = summary(run)
         if args.report:
             print(f"report: {render_run(run, args.reports)}")
@@ -88,7 +89,7 @@ def _sweep(args) -> int:
             print(f"  FAILED {pid}: {err}")
         failed |= bool(s["failures"])
     if args.twin:
-        print(f"compare the twins: kdtree compare {run_dir} {run_dir.with_name(run_dir.name + TWIN)}")
+        print(f"compare the twins: kdtree compare {runs[0]} {runs[1]}")
     return 1 if failed else 0
 
 
