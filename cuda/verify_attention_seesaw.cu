@@ -17,17 +17,19 @@
 //   empty[s][h]: one per stage half (128 arrivals, the threads of warpgroup h after its P V of
 //                the tile). Two producer threads, one per half, each refill their half as soon as
 //                it is released, not after both P Vs;
-//   order:       the non-owner of tile i issues P V(i) and then S(i + 1) (its own next tile) and
-//                waits with wgmma.wait_group 1: P V(i) is complete, S(i + 1) may still run, and
-//                the stage half is released without waiting for tile i + 1 (v6's tma issued
-//                S(i + 1) first, so P V(i) waited for it);
+//   order:       the non-owner of tile i issues S(i + 1) (its own next tile) before it waits for
+//                tile i's P, so S(i + 1) runs under the owner's softmax of tile i (as v6), then
+//                P V(i), and waits for both before it releases its half. (The first v7 issued
+//                P V(i) first and S(i + 1) behind it, so that P V(i) would not wait for S(i + 1);
+//                that put every S after the other warpgroup's publish, serialising each softmax
+//                with the next S: 1.29-1.41x slower than tma on an H200, docs/perf_log.md.)
 //   softmax:     the owner exponentiates and publishes sM / sAlpha before it waits for free (the
 //                other warpgroup's P V of the previous tile); only the P stores wait.
 // Handoffs, all mbarrier arrive (release) / try_wait (acquire): pub[w] (warpgroup w published P,
 // sAlpha, sM of its tile; both wait before P V), free[w] (warpgroup w finished the P V of its tile,
 // P may be overwritten), zero[w] (the owner of a partial last tile zeroed its rows past the KV range
 // end, as v6). Why each overwrite is safe: P(i + 1) is written by the owner of i + 1 after free of
-// the owner of i and after its own P V(i) (wait_group 1 before its S(i + 1) completes); sAlpha(i + 1)
+// the owner of i and after its own P V(i) (its wait_group 0 after P V(i)); sAlpha(i + 1)
 // and sM(i + 1) are read by the owner of i + 1 itself (sM) and the owner of i (sAlpha), which
 // reads them only after pub(i + 1), and the owner of i + 1 read sAlpha(i) and sM(i) in program order
 // before. A refilled half was released by every wgmma that reads it: its P V (empty), and S, which
@@ -172,19 +174,17 @@ __device__ __forceinline__ void see_tiles(float (&o)[128], float& l_lo, float& l
       if (i + 1 < n) mb_arrive(sBar + 8 * (SEE_FREE + WG));  // P(i) may be overwritten
       mb_arrive(empty);  // half WG of stage st may be refilled
     } else {
+      if (i + 1 < n) {  // own next tile first: S(i + 1) runs under the owner's softmax of tile i
+        see_zero_tail(sKV, sBar, k, i + 1, WG, wtid);
+        see_issue_s(s, sQ, sKV, sBar, i + 1);
+      }
       mb_wait(sBar + 8 * (SEE_PUB + st), par);  // P(i), sAlpha, sM of tile i published by its owner
       for (int cb = 4 * WG; cb < 4 * WG + 4; ++cb) mb_wait(sBar + 8 * (SEE_FULL + SEE_BOXES * st + cb), par);
       const float al_lo = sAlpha[r_lo], al_hi = sAlpha[r_hi];
       l_lo *= al_lo;
       l_hi *= al_hi;
-      if (i + 1 < n) see_zero_tail(sKV, sBar, k, i + 1, WG, wtid);
       pp_issue_pv(o, al_lo, al_hi, dP, sK, WG);
-      if (i + 1 < n) {
-        see_issue_s(s, sQ, sKV, sBar, i + 1);  // own next tile, behind P V(i)
-        wg_wait<1>();  // P V(i) complete; S(i + 1) may still run
-      } else {
-        wg_wait<0>();
-      }
+      wg_wait<0>();  // S(i + 1) and P V(i) complete
       wg_pin<128>(o);
       mb_arrive(empty);
     }

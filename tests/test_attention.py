@@ -590,9 +590,9 @@ def test_tma_protocol_model_catches_a_missing_wait(bug, message):
 # the tma model: a full barrier per (stage, box) that S waits for box by box, an empty barrier per
 # (stage, half) that warpgroup h's P V releases and one producer per half refills, and the wgmma
 # groups of each warpgroup, completing in issue order at random times (wait_group N blocks until at
-# most the N newest are pending; a group's reads are checked when it is issued and when it completes). The non-owner of tile i issues P V(i),
-# then S(i + 1), and waits for all but one group; the owner publishes sM / sAlpha before its free wait
-# and stores P after it.
+# most the N newest are pending; a group's reads are checked when it is issued and when it completes). The non-owner of tile i issues S(i + 1),
+# then (after tile i's publish) P V(i), and waits for both; the owner publishes sM / sAlpha before its
+# free wait and stores P after it.
 
 _SEESAW_HALF = {0: range(0, 4), 1: range(4, 9)}  # boxes a stage half holds (half 1: the rope box too)
 
@@ -680,18 +680,17 @@ def _seesaw_run(n, seed, bug=None, tail=True):
             yield ("step",)
 
         def other(i):
+            if i + 1 < n:
+                yield from zero_tail(i + 1)
+                yield from issue_s(i + 1)
             yield from wait("pub", i & 1, i >> 1)
             for b in range(4 * w, 4 * w + 4):
                 yield from wait("full", i & 1, b, i >> 1)
             assert shared["alpha"] == i, f"{who} tile {i} reads alpha of tile {shared['alpha']}"
             shared["alpha_read"] = i
-            if i + 1 < n:
-                yield from zero_tail(i + 1)
             yield from pv(i)
-            if i + 1 < n:
-                yield from issue_s(i + 1)
             if bug != "no_pv_wait":
-                yield from wait_group(1 if i + 1 < n else 0)
+                yield from wait_group(0)
             bars[("empty", i & 1, w)].arrive()
             yield ("step",)
 
