@@ -1,6 +1,7 @@
 """CPU tests of the torch engine (float32): the model's math, the drafter, and the lossless loop."""
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from kdtree.engine import (MODEL_PRESETS, PAPER_MATH500_QWEN3_8B, PAPER_MATH500_
                            simulate_acceptance, tp_slice, visibility_mask)
 from kdtree.engine.ddtree import DecodeState, _advance, run_phases, start
 from kdtree.engine.model import MoE, SwiGLU, Transformer, rope
-from kdtree.bench.engine_bench import self_consistent_run, step_breakdown, throughput_sweep
+from kdtree.bench.engine_bench import _Breakdown, _take_rounds, self_consistent_run, step_breakdown, throughput_sweep
 from kdtree.tree import Tree
 
 NEW = 96
@@ -359,6 +360,34 @@ def test_step_breakdown_rows(model, greedy, mode):
     assert sum(by[p]["median_us"] for p in phases) == pytest.approx(by["step"]["median_us"], rel=0.5)
     with pytest.raises(ValueError, match="timing"):
         step_breakdown(model, _prompts([3]), mode="ar", timing="graph")
+
+
+def test_breakdown_rounds_alternate_and_report_the_quietest(model, greedy):
+    """Rounds of two breakdowns alternate (round 0 of each, then round 1, ...), and each reports
+    every phase from its own round with the lowest median step, not a phase-wise minimum; the
+    host time from the host's quietest round."""
+    prompts = _prompts(BATCHES["three"])
+    runs = [_Breakdown(model, prompts, "ar", None, 1, None, 3, 1, "eager", 128, None),
+            _Breakdown(model, prompts, "ddtree", _drafter(greedy["three"].tokens), 16, None, 3, 1, "eager", 128, None)]
+    order = []
+    for i, run in enumerate(runs):
+        run.round = (lambda r, i: lambda: (order.append(i), type(r).round(r)))(run, i)
+    _take_rounds(runs, 3)
+    assert order == [0, 1, 0, 1, 0, 1] and all(len(r.rounds) == 3 for r in runs)
+    run = runs[1]
+    # make round 1 the quietest by its step time while another round holds the smallest commit
+    for i, scale in enumerate((2.0, 0.5, 3.0)):
+        run.rounds[i] = {k: [t * scale for t in v] for k, v in run.rounds[i].items()}
+    run.rounds[2]["commit"] = [1e-9] * 3
+    run.rounds[0]["host"] = [1e-9] * 3   # the host row: from the host's own quietest round
+    by = {r["phase"]: r for r in run.rows()}
+    quiet = run.rounds[1]
+    for phase in ("step", "commit", "verify", "verify.attention"):
+        assert by[phase]["median_us"] == pytest.approx(float(np.median(quiet[phase])) * 1e6)
+    assert by["host"]["median_us"] == pytest.approx(1e-3)
+    for bad in (0, 2.0):
+        with pytest.raises(ValueError, match="rounds"):
+            step_breakdown(model, prompts, mode="ar", rounds=bad)
 
 
 def test_throughput_sweep_rows(model, greedy):

@@ -203,9 +203,25 @@ def test_a_graph_replay_is_timed_without_its_submission(monkeypatch):
     the host's submission of the replay."""
     x = torch.zeros(1, device="cuda")
     held = timing.time_graph(lambda: x.add_(1), reps=50, calls_per_graph=1)
-    monkeypatch.setattr(timing, "hold_device", lambda: None)
+    monkeypatch.setattr(timing, "hold_device", lambda cycles=0: None)
     idle = timing.time_graph(lambda: x.add_(1), reps=50, calls_per_graph=1)
     assert held.median_us < idle.median_us, (held, idle)
+
+
+@pytest.mark.parametrize("submit_s, expect", [(0.0, timing.HOLD_CYCLES), (0.002, None),
+                                               (1.0, timing.MAX_HOLD_CYCLES)])
+def test_the_hold_covers_the_longest_submission(monkeypatch, submit_s, expect):
+    """A graph whose submission takes the host 2 ms gets a hold of at least HOLD_MARGIN x 2 ms
+    of cycles; a quick one the fixed floor; a very slow one the cap (CUDA calls faked: runs on CPU)."""
+    held = []
+    monkeypatch.setattr(timing, "hold_device", lambda cycles=timing.HOLD_CYCLES: held.append(cycles))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    cycles = timing.hold_cycles_for((lambda: time.sleep(submit_s)) if submit_s else (lambda: None), tries=2)
+    assert held == [timing.HOLD_CYCLES] * 2   # each submission measured behind the default hold
+    if expect is None:
+        assert timing.HOLD_MARGIN * submit_s * timing.HOLD_HZ <= cycles < timing.MAX_HOLD_CYCLES
+    else:
+        assert cycles == expect
 
 
 @pytest.mark.gpu

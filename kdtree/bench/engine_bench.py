@@ -34,7 +34,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from kdtree.bench.timing import hold_device, host_clock
+from kdtree.bench.timing import hold_cycles_for, hold_device, host_clock
 from kdtree.engine.ddtree import (Generation, capture, chain_tree, generate, make_phases, needed_capacity,
                                   run_phases, start)
 from kdtree.engine.drafter import SyntheticDrafter
@@ -63,17 +63,18 @@ class _Clock:
             torch.cuda.synchronize()
 
 
-def _time(fns, clock: _Clock, reps: int, hold: bool = False) -> dict[str, list[float]]:
+def _time(fns, clock: _Clock, reps: int, hold: int = 0) -> dict[str, list[float]]:
     """Seconds per named call over ``reps`` rounds of calling ``fns`` in order, plus the host time.
 
-    ``hold`` (graph replays): each round starts behind ``hold_device``, so the first replay's
-    submission by the host is not timed (the later ones queue behind the earlier replays)."""
+    ``hold`` (graph replays; cycles, ``hold_cycles_for`` the first call): each round starts behind
+    ``hold_device(hold)``, so the first replay's submission by the host is not timed (the later
+    ones queue behind the earlier replays)."""
     out = {name: [] for name, _ in fns} | {"host": []}
     with host_clock() as host:
         clock.host = host
         for _ in range(reps):
             if hold:
-                hold_device()
+                hold_device(hold)
             marks, t0 = [clock.mark()], host()
             for _, fn in fns:
                 fn()
@@ -97,10 +98,90 @@ def _graphs(phases) -> list:
     return out
 
 
-@torch.no_grad()
+class _Breakdown:
+    """One step breakdown's engine, warmed up, timed in rounds of ``steps`` steps (``step_breakdown``)."""
+
+    @torch.no_grad()
+    def __init__(self, model, prompts, mode, drafter, budget, topk, steps, warmup, timing, max_new_tokens,
+                 capacity):
+        if timing not in ("eager", "graph"):
+            raise ValueError(f"timing: expected 'eager' or 'graph', got {timing!r}")
+        for name, value in (("steps", steps), ("warmup", warmup)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk, capacity)
+        self.clock = clock = _Clock(state.root.device)
+        if timing == "graph" and not clock.cuda:
+            raise ValueError(f"timing: 'graph' needs a CUDA model, the model is on {state.root.device}")
+        self.mode, self.timing, self.steps, self.budget, self.batch = mode, timing, steps, budget, state.cache.batch
+        self.layers, self.phases, self.rounds = model.cfg.n_layers, phases, []
+        for _ in range(warmup):
+            run_phases(phases)
+        if timing == "graph":
+            self.whole = capture(lambda: run_phases(make_phases(model, state, mode, drafter, budget, topk)), warmup=1)
+            self.whole.replay()   # one untimed replay: the first one of a new graph runs slow
+            self.graphs = _graphs(phases)
+        # The attention share of verify, at this step's shapes.
+        cfg, kv = model.cfg, state.cache.kv[0]
+        N = 1 if mode == "ar" else budget + 1
+        tree = chain_tree(torch.full((self.batch,), N, device=kv.device), N)
+        q = torch.randn(self.batch, N, cfg.n_heads, cfg.latent_dim, device=kv.device).to(kv.dtype)
+        call = [("attention", lambda: attend(q, kv, state.cache.lengths, tree, cfg.softmax_scale, cfg.kv_lora_rank))]
+        for _ in range(warmup):
+            call[0][1]()
+        self.attention = call if timing == "eager" else _graphs(call)
+        self.holds = ({k: hold_cycles_for(fns[0][1]) for k, fns in
+                       (("step", [("step", self.whole.replay)]), ("phases", self.graphs), ("attention", self.attention))}
+                      if timing == "graph" else {"step": 0, "phases": 0, "attention": 0})
+
+    @torch.no_grad()
+    def round(self) -> None:
+        """Time ``steps`` more steps, each phase alone, and the attention share."""
+        clock, steps = self.clock, self.steps
+        if self.timing == "eager":
+            times = _time(self.phases, clock, steps)
+            times["step"] = [sum(parts) for parts in zip(*(times[name] for name, _ in self.phases))]
+        else:
+            times = _time([("step", self.whole.replay)], clock, steps, hold=self.holds["step"])
+            times |= {k: v for k, v in _time(self.graphs, clock, steps, hold=self.holds["phases"]).items()
+                      if k != "host"}
+        att = _time(self.attention, clock, steps, hold=self.holds["attention"])["attention"]
+        times["verify.attention"] = [t * self.layers for t in att]
+        times["verify.rest"] = [v - a for v, a in zip(times["verify"], times["verify.attention"])]
+        self.rounds.append(times)
+
+    def rows(self) -> list[dict]:
+        """The quietest round's rows (the one with the lowest median step time); the host row
+        from the host's own quietest round (under graph replay the step is device time, and
+        its quietest round says nothing of the host's)."""
+        times = dict(min(self.rounds, key=lambda t: float(np.median(t["step"]))))
+        times["host"] = min((t["host"] for t in self.rounds), key=lambda h: float(np.median(h)))
+        rows = []
+        for phase, secs in times.items():
+            us = np.asarray(secs) * 1e6
+            rows.append(dict(mode=self.mode, timing=self.timing, phase=phase,
+                             budget=self.budget if self.mode == "ddtree" else 0, batch=self.batch, steps=self.steps,
+                             median_us=float(np.median(us)), p20_us=float(np.percentile(us, 20)),
+                             p80_us=float(np.percentile(us, 80))))
+        return rows
+
+
+def _check_rounds(rounds) -> None:
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
+        raise ValueError(f"rounds: expected a positive int, got {rounds!r}")
+
+
+def _take_rounds(breakdowns: list[_Breakdown], rounds: int) -> None:
+    """``rounds`` rounds of every breakdown, alternating (round 0 of each, then round 1, ...), so
+    each one's rounds spread over the whole measurement (``kdtree.bench.timing.Rounds``' reason)."""
+    for _ in range(rounds):
+        for b in breakdowns:
+            b.round()
+
+
 def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: int = 64,
                    topk: int | None = None, steps: int = 20, warmup: int = 3, timing: str = "eager",
-                   max_new_tokens: int = 128, capacity: int | None = None) -> list[dict]:
+                   max_new_tokens: int = 128, capacity: int | None = None, rounds: int = 1) -> list[dict]:
     """Time each phase of a decode step.
 
     Parameters
@@ -112,56 +193,27 @@ def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: i
         with the greedy tokens as its truth, a run that parted from them at a rounding tie
         would step on at chance acceptance (``engine_tables`` does this).
     steps, warmup : int
-        Timed and untimed steps (sequences that reach ``max_new_tokens`` keep stepping with
-        the same static work, so any number of steps is fine).
+        Timed steps per round and untimed steps (sequences that reach ``max_new_tokens`` keep
+        stepping with the same static work, so any number of steps is fine).
     timing : {"eager", "graph"}
         Eager launches, or CUDA-graph replay (CUDA only).
     max_new_tokens, capacity : int
         As for ``generate``; to step along the path of a ``throughput_sweep`` run, pass its
         ``measured_capacity``.
+    rounds : int
+        Rounds of ``steps`` steps; the rows are the quietest round's (lowest median step): an
+        eager step is mostly the host's work, whose speed moves for stretches of seconds.
+        ``engine_tables`` alternates the rounds of all its breakdowns.
 
     Returns
     -------
     list of dict
         One row per phase: mode, timing, phase, budget, batch, steps, median_us, p20_us, p80_us.
     """
-    if timing not in ("eager", "graph"):
-        raise ValueError(f"timing: expected 'eager' or 'graph', got {timing!r}")
-    for name, value in (("steps", steps), ("warmup", warmup)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    state, phases = start(model, prompts, max_new_tokens, mode, drafter, budget, topk, capacity)
-    clock = _Clock(state.root.device)
-    if timing == "graph" and not clock.cuda:
-        raise ValueError(f"timing: 'graph' needs a CUDA model, the model is on {state.root.device}")
-    for _ in range(warmup):
-        run_phases(phases)
-    if timing == "eager":
-        times = _time(phases, clock, steps)
-        times["step"] = [sum(parts) for parts in zip(*(times[name] for name, _ in phases))]
-    else:
-        whole = capture(lambda: run_phases(make_phases(model, state, mode, drafter, budget, topk)), warmup=1)
-        whole.replay()   # one untimed replay: the first one of a new graph runs slow
-        times = _time([("step", whole.replay)], clock, steps, hold=True)
-        times |= {k: v for k, v in _time(_graphs(phases), clock, steps, hold=True).items() if k != "host"}
-    # The attention share of verify, at this step's shapes.
-    cfg, kv = model.cfg, state.cache.kv[0]
-    N = 1 if mode == "ar" else budget + 1
-    tree = chain_tree(torch.full((state.cache.batch,), N, device=kv.device), N)
-    q = torch.randn(state.cache.batch, N, cfg.n_heads, cfg.latent_dim, device=kv.device).to(kv.dtype)
-    call = [("attention", lambda: attend(q, kv, state.cache.lengths, tree, cfg.softmax_scale, cfg.kv_lora_rank))]
-    for _ in range(warmup):
-        call[0][1]()
-    att = _time(call if timing == "eager" else _graphs(call), clock, steps, hold=timing == "graph")["attention"]
-    times["verify.attention"] = [t * cfg.n_layers for t in att]
-    times["verify.rest"] = [v - a for v, a in zip(times["verify"], times["verify.attention"])]
-    rows = []
-    for phase, secs in times.items():
-        us = np.asarray(secs) * 1e6
-        rows.append(dict(mode=mode, timing=timing, phase=phase, budget=budget if mode == "ddtree" else 0,
-                         batch=state.cache.batch, steps=steps, median_us=float(np.median(us)),
-                         p20_us=float(np.percentile(us, 20)), p80_us=float(np.percentile(us, 80))))
-    return rows
+    _check_rounds(rounds)
+    b = _Breakdown(model, prompts, mode, drafter, budget, topk, steps, warmup, timing, max_new_tokens, capacity)
+    _take_rounds([b], rounds)
+    return b.rows()
 
 
 def measured_capacity(prompts, max_new_tokens: int, draft_len: int, mode: str = "ddtree", budget: int = 0) -> int:
@@ -306,7 +358,7 @@ def throughput_sweep(model, prompts, max_new_tokens: int, drafter: SyntheticDraf
 def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, drafter: str = "small",
                   batch: int = 1, prompt: int = 512, new: int = 256,
                   budgets=(1, 16, 32, 64, 128, 256, 512), breakdown_budgets=(16, 64, 256, 512),
-                  accuracies=("paper", "0.7", "0.8", "0.95"), steps: int = 20, seed: int = 0,
+                  accuracies=("paper", "0.7", "0.8", "0.95"), steps: int = 20, rounds: int = 5, seed: int = 0,
                   max_rounds: int = 16):
     """The engine's two tables for one model: throughput against budget and the step breakdown.
 
@@ -314,7 +366,9 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
     (``"paper"`` is its calibration to the DDTree paper, ``PAPER_MATH500_QWEN3_8B``; a number
     is a top-1 accuracy at the same spread), runs ``throughput_sweep`` per accuracy, eagerly
     and (on CUDA) under graph replay, then ``step_breakdown`` for greedy decoding and each
-    breakdown budget with the first accuracy. Every DDTree measurement drafts from the
+    breakdown budget with the first accuracy (``rounds`` rounds of ``steps`` steps each, the
+    rounds of all breakdowns of a timing mode alternating; each reports its quietest round, as
+    ``step_breakdown`` says). Every DDTree measurement drafts from the
     target's greedy continuation along the path the run decodes (``self_consistent_run``):
     greedy decoding's output in float32, DDTree's own in bf16, where a rounding tie may part
     the two; the throughput table's ``lossless``, ``agree_ar``, ``first_divergence`` and
@@ -338,6 +392,7 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
     from kdtree.engine.drafter import PAPER_MATH500_QWEN3_8B
     from kdtree.engine.model import build_model
 
+    _check_rounds(rounds)
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     cfg = get_config(preset)
@@ -362,12 +417,15 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
     graphed = through.pop("cuda_graph")
     through["mode"] = np.where(graphed, "graph", "eager") if cuda else "host"
 
-    # The breakdown steps at the acceptance of the sweep's self-consistent runs at that budget.
-    first, refs, greedy = drafters[str(accuracies[0])], references[str(accuracies[0])], None
+    # The breakdown steps at the acceptance of the sweep's self-consistent runs at that budget,
+    # each budget with a drafter of its own (its reference stays put while the rounds alternate).
+    label = str(accuracies[0])
+    first, refs, greedy = drafters[label], references[label], None
+    own = {b: drafter_for(label) for b in breakdown_budgets}
     rows = []
     for timing in ("eager", "graph") if cuda else ("eager",):
-        rows += step_breakdown(model, prompts, mode="ar", steps=steps, timing=timing, max_new_tokens=new,
-                               capacity=measured_capacity(prompts, new, dcfg.draft_len, "ar"))
+        runs = [_Breakdown(model, prompts, "ar", None, 1, None, steps, 3, timing, new,
+                           measured_capacity(prompts, new, dcfg.draft_len, "ar"))]
         for b in breakdown_budgets:
             key = ("ddtree", b, timing == "graph")
             if key not in refs:  # a budget the sweep did not run
@@ -376,10 +434,12 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
                     greedy = first.reference
                 refs[key] = self_consistent_run(model, prompts, new, first, greedy, b, cuda_graph=key[2],
                                                 max_rounds=max_rounds)[1]
-            first.set_reference(refs[key])
-            rows += step_breakdown(model, prompts, mode="ddtree", drafter=first, budget=b, steps=steps,
-                                   timing=timing, max_new_tokens=new,
-                                   capacity=measured_capacity(prompts, new, dcfg.draft_len, "ddtree", b))
+            own[b].set_reference(refs[key])
+            runs.append(_Breakdown(model, prompts, "ddtree", own[b], b, None, steps, 3, timing, new,
+                                   measured_capacity(prompts, new, dcfg.draft_len, "ddtree", b)))
+        _take_rounds(runs, rounds)
+        rows += [row for run in runs for row in run.rows()]
+        del runs
     breakdown = pd.DataFrame(rows).rename(columns={"mode": "decode", "timing": "mode"})
     if not cuda:
         breakdown["mode"] = "host"

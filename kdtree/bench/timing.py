@@ -448,13 +448,35 @@ class Rounds:
 
 
 HOLD_CYCLES = 200_000   # GPU clock cycles of hold_device: ~0.1 ms at an H200's 1980 MHz
+HOLD_HZ = 2.0e9         # cycles per second the holds are sized with (at or above the SM clock: a hold
+#                         sized with it lasts at least as long as meant)
+HOLD_MARGIN = 3.0       # a hold covers this many times the longest submission seen
+MAX_HOLD_CYCLES = 40_000_000   # ~20 ms
 
 
-def hold_device() -> None:
-    """Queue a kernel that keeps the current GPU busy for :data:`HOLD_CYCLES` cycles, touching no
-    memory, so that work the host queues next starts when it ends rather than when the host
-    gets it submitted."""
-    torch.cuda._sleep(HOLD_CYCLES)
+def hold_device(cycles: int = HOLD_CYCLES) -> None:
+    """Queue a kernel that keeps the current GPU busy for ``cycles`` cycles, touching no memory,
+    so that work the host queues next starts when it ends rather than when the host gets it
+    submitted."""
+    torch.cuda._sleep(int(cycles))
+
+
+def hold_cycles_for(replay: Callable[[], object], tries: int = 3) -> int:
+    """Cycles of :func:`hold_device` that cover the host's submission of ``replay`` (a graph's
+    ``replay``), :data:`HOLD_MARGIN` times over its longest of ``tries`` submissions, at least
+    :data:`HOLD_CYCLES`. Submitting a graph takes the host time that grows with its nodes: an
+    fp8 MoE layer of 66 kernels, 10 per graph, took longer than a fixed 0.1 ms hold, so the
+    GPU waited for the host inside the timed span, and the layer measured 5-10% slower in the
+    twin of a run whose host was slower (``rerun_agreement.md`` of h200-20261201-5)."""
+    worst = 0.0
+    for _ in range(tries):
+        torch.cuda.synchronize()
+        hold_device()   # submitted against a busy GPU, as in the timing
+        t0 = time.perf_counter()
+        replay()
+        worst = max(worst, time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return int(min(max(HOLD_CYCLES, HOLD_MARGIN * worst * HOLD_HZ), MAX_HOLD_CYCLES))
 
 
 def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int = 20,
@@ -464,7 +486,8 @@ def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int
     ``fn`` is captured ``calls_per_graph`` times into one graph; each replay is timed with
     events and divided by ``calls_per_graph``, so launch gaps inside the graph count. The
     replay's own launch does not: :func:`hold_device` keeps the GPU busy while the host submits
-    the replay, so the start event fires with the graph already queued. (On an idle GPU the
+    the replay (for as long as :func:`hold_cycles_for` finds a submission takes), so the start
+    event fires with the graph already queued. (On an idle GPU the
     start event fires at once and the host's submission, 10-40 us that follow the host's speed,
     entered the span: a 50-100 us step-model component differed by 5-15% between two runs of
     the same sweep.) ``l2="cold"`` flushes the L2 before each replay, which only makes the
@@ -483,13 +506,14 @@ def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int
     flush = L2Flush() if l2 == "cold" else None
     for _ in range(warmup):
         graph.replay()
+    hold = hold_cycles_for(graph.replay)
     samples = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with ClockSampler() as clocks:
         for i in range(reps):
             if flush is not None:
                 flush()
-            hold_device()
+            hold_device(hold)
             start.record()
             graph.replay()
             end.record()
