@@ -1,4 +1,5 @@
-"""An MoE layer on the GPU: ``cuda/moe_router.cu`` and ``cuda/moe_grouped.cu`` launched from torch.
+"""An MoE layer on the GPU: ``cuda/moe_router_mma.cu`` (or ``cuda/moe_router.cu``) and
+``cuda/moe_grouped.cu`` launched from torch.
 
 ``route`` is ``kdtree.engine.model.MoE.route`` (float32 gate, sigmoid, top-k, renormalised and
 scaled weights) in one launch. ``routed_experts`` computes what ``MoE.experts`` computes with
@@ -35,6 +36,11 @@ ROUTER_COUNTERS = 4096   # token tiles a launch can count in the cached buffer (
 # the torch router's 27.2 / 41.3 / 53.6, but 103 / 343 us at T = 257 / 1025 against 87 / 210:
 # past ~128 tokens its float32 FMAs and its re-reads of x from L2 lose to cuBLAS's GEMM.
 ROUTER_MAX_TOKENS = 128
+# The router kernel ``route`` launches by default: "mma" (cuda/moe_router_mma.cu: split-K over
+# all tokens on tensor cores, the gate as three bf16 terms) or "fma" (cuda/moe_router.cu: float32
+# FMAs, gate rows in registers per 8-token tile).
+ROUTER_KERNEL = "fma"
+ROUTER_SLICES = 16       # the mma router's K slices (blocks per expert tile)
 # (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
@@ -115,6 +121,15 @@ def router_shape(tokens: int) -> tuple[int, int]:
     return 4, (8 if tokens <= ROUTER_MAX_TOKENS else 64)
 
 
+def router_mma_shape(tokens: int, experts: int) -> tuple[int, int]:
+    """(m-tiles of 16 experts per block, n-tiles of 8 tokens per pass) of the "mma" router for
+    ``tokens`` tokens over ``experts`` experts (a multiple of 32): three m-tiles where they divide
+    the experts (Kimi K2's 384: 8 expert tiles x ``ROUTER_SLICES`` K slices = 128 blocks, one
+    wave on an H200's 132 SMs), else two; the n-tiles cover the tokens, at most 8 (64 tokens) per
+    pass."""
+    return (3 if experts % 48 == 0 else 2), max(1, min(8, -(-tokens // 8)))
+
+
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """Zeroed int32 counters for ``tiles`` token tiles: the device's cached buffer (each router
     launch leaves its counters at zero), or a fresh ``torch.zeros`` (one memset) when the buffer is
@@ -130,10 +145,10 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
-          shape: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          shape: tuple[int, int] | None = None, kernel: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3 routing of x [T, dim] in one launch: float32 scores ``sigmoid(x gate^T)``, each
     token's top ``k`` (score descending, ties to the lowest expert id), weights renormalised to
-    sum 1 and multiplied by ``scale``.
+    sum 1 and multiplied by ``scale``. Equal gate rows give bitwise-equal scores in both kernels.
 
     Parameters
     ----------
@@ -145,7 +160,11 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
     scale : float
         The routed scaling factor.
     shape : (experts per block, tokens per block), optional
-        Default ``router_shape(T)``; experts per block 2 or 4, tokens per block a multiple of 8.
+        The "fma" kernel's; default ``router_shape(T)``; experts per block 2 or 4, tokens per
+        block a multiple of 8.
+    kernel : "mma" or "fma", optional
+        Default ``ROUTER_KERNEL``: "mma" (``cuda/moe_router_mma.cu``, shaped by
+        ``router_mma_shape``) or "fma" (``cuda/moe_router.cu``).
 
     Returns
     -------
@@ -171,6 +190,11 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
         raise ValueError(f"k: expected an int in 1..{min(32, E)}, got {k!r}")
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise TypeError(f"scale: expected a float, got {type(scale).__name__}")
+    kernel = ROUTER_KERNEL if kernel is None else kernel
+    if kernel not in ("mma", "fma"):
+        raise ValueError(f"kernel: expected 'mma' or 'fma', got {kernel!r}")
+    if shape is not None and kernel != "fma":
+        raise ValueError(f"shape: only the 'fma' kernel takes a shape, got {shape!r} with kernel {kernel!r}")
     T = x.shape[0]
     eb, tile = router_shape(T) if shape is None else shape
     if eb not in (2, 4) or not isinstance(tile, int) or tile < 8 or tile % 8:
@@ -178,6 +202,15 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
     weight = torch.empty(T, k, dtype=torch.float32, device=x.device)
     expert = torch.empty(T, k, dtype=torch.int64, device=x.device)
     if T == 0:
+        return weight, expert
+    if kernel == "mma":
+        mt, nt = router_mma_shape(T, E)
+        part = torch.empty(ROUTER_SLICES, T, E, dtype=torch.float32, device=x.device)
+        fn = _kernel("moe_router_mma", _index(x.device), (("ROUTER_D", d), ("ROUTER_E", E), ("ROUTER_K", k),
+                     ("ROUTER_MT", mt), ("ROUTER_NT", nt), ("ROUTER_S", ROUTER_SLICES)), "moe_router_mma")
+        launch(fn, (ROUTER_SLICES * E // (16 * mt),), (32 * 4 * mt,),
+               (ptr(x), ptr(gate), ptr(part), ptr(_tile_counters(x.device, 2)), ptr(weight), ptr(expert),
+                np.int32(T), np.float32(scale)), device=x.device)
         return weight, expert
     tiles = -(-T // tile)
     scores = torch.empty(T, E, dtype=torch.float32, device=x.device)

@@ -1,55 +1,80 @@
-"""Development sweep of the router kernel's shapes on one GPU, beside the torch router's parts.
+"""The router kernels on one GPU beside the torch router, then the whole MoE layer with each.
 
-Usage: PYTHONPATH=. python3 scripts/moe_dev.py   (prints tables; one device call)
+Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|all]   (prints tables; one device call)
 
-For the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17, 65, 257,
-1025): ``kdtree.experts.route`` with every (experts per block, tokens per block) of ``SHAPES``,
+router: for the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17,
+65, 128): ``kdtree.experts.route`` with the "fma" kernel (default shape) and the "mma" kernel,
 each first checked against the float64 reference (each token's k ids a top k of the float64
-scores within 1e-5, the weights within 1e-5 of the float64 renormalisation of the chosen
-ones), then timed by graph replay (warm L2: the 11 MB gate stays resident); the torch router
-(float32 GEMM, sigmoid, top-k, renormalisation) and its parts timed the same way. The HBM
-fraction is the gate's bytes over the time (an upper bound on what the gate's stream costs).
+scores within 1e-5, the weights within 1e-5 of the float64 renormalisation of the chosen ones),
+then timed by graph replay, warm L2 (five calls per graph: the 11 MB gate stays resident) and
+cold L2 (one call per graph after a flush: the gate comes from HBM, as in the layer, where the
+experts' weights evict it); the torch router (float32 GEMM, sigmoid, top-k, renormalisation)
+timed the same way (warm). The HBM fraction is the gate's bytes over the time.
+
+layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
+65, graph replay, this run's measured HBM bandwidth) once with each router kernel as
+``kdtree.experts.ROUTER_KERNEL``: the layer's time and its fraction of HBM bandwidth.
 """
+import sys
+
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from kdtree import experts as ek
 from kdtree.bench.ceilings import measure_ceilings
-from kdtree.bench.moe import moe_layer
+from kdtree.bench.moe import moe_layer, run_moe_bench
 from kdtree.bench.timing import time_graph
 from kdtree.engine.config import get_config
 
-SHAPES = [(2, 8), (4, 8), (2, 64), (4, 64)]
+STEPS = sys.argv[1] if len(sys.argv) > 1 else "all"
+KERNELS = ("fma", "mma")
+pd.set_option("display.width", 200)
 c = measure_ceilings(quick=True)
 print(c.caption(), flush=True)
-moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
-gate, k, scale = moe.gate.weight, moe.k, float(moe.scale)
-gate_bytes = gate.numel() * 4
-rows = []
-for T in (1, 17, 65, 257, 1025):
-    x = torch.randn(T, gate.shape[1], device="cuda").to(torch.bfloat16)
-    s64 = torch.sigmoid(x.double() @ gate.double().T)
-    for shape in [None] + SHAPES:
-        w, e = ek.route(x, gate, k, scale, shape=shape)
-        chosen = s64.gather(1, e)
-        ok = bool((chosen.amin(1) >= s64.scatter(1, e, -1.0).amax(1) - 1e-5).all()) and bool(
-            torch.allclose(w.double(), chosen / chosen.sum(1, keepdim=True) * scale, atol=1e-5 * scale))
-        t = time_graph(lambda x=x, shape=shape: ek.route(x, gate, k, scale, shape=shape), reps=20, calls_per_graph=5) if ok else None
-        rows.append(dict(T=T, router="kernel", shape="default" if shape is None else f"{shape[0]}x{shape[1]}",
-                         ok=ok, us=t.median_us if t else float("nan")))
-    moe.backend = "torch"
-    xf = x.float()
-    sc = F.linear(xf, gate)
-    parts = {"torch route": lambda x=x: moe.route(x), "linear_f32": lambda xf=xf: F.linear(xf, gate),
-             "sigmoid": lambda sc=sc: torch.sigmoid(sc), "topk": lambda sc=sc: sc.topk(k, dim=-1)}
-    for name, fn in parts.items():
-        rows.append(dict(T=T, router="torch", shape=name, ok=True,
-                         us=time_graph(fn, reps=20, calls_per_graph=5).median_us))
-    moe.backend = "auto"
-df = pd.DataFrame(rows)
-df["gate_hbm_fraction"] = gate_bytes / (df.us * 1e-6) / c.hbm_bw
-pd.set_option("display.width", 200)
-print(df.pivot_table(index=["router", "shape"], columns="T", values="us", sort=False).round(1).to_string())
-print(df.pivot_table(index=["router", "shape"], columns="T", values="gate_hbm_fraction", sort=False).round(3).to_string())
-print("failed checks:", df[~df.ok][["T", "shape"]].to_string() if (~df.ok).any() else "none")
+
+
+def router_rows(moe) -> list[dict]:
+    gate, k, scale = moe.gate.weight, moe.k, float(moe.scale)
+    rows = []
+    for T in (1, 17, 65, 128):
+        x = torch.randn(T, gate.shape[1], device="cuda").to(torch.bfloat16)
+        s64 = torch.sigmoid(x.double() @ gate.double().T)
+        for kernel in KERNELS:
+            w, e = ek.route(x, gate, k, scale, kernel=kernel)
+            chosen = s64.gather(1, e)
+            ok = bool((chosen.amin(1) >= s64.scatter(1, e, -1.0).amax(1) - 1e-5).all()) and bool(
+                torch.allclose(w.double(), chosen / chosen.sum(1, keepdim=True) * scale, atol=1e-5 * scale))
+            for l2, calls in (("warm", 5), ("cold", 1)):
+                t = time_graph(lambda x=x, kernel=kernel: ek.route(x, gate, k, scale, kernel=kernel), reps=30,
+                               calls_per_graph=calls, l2=l2) if ok else None
+                rows.append(dict(T=T, router=kernel, l2=l2, ok=ok, **(t.as_dict() if t else {})))
+        moe.backend = "torch"
+        t = time_graph(lambda x=x: moe.route(x), reps=30, calls_per_graph=5)
+        rows.append(dict(T=T, router="torch", l2="warm", ok=True, **t.as_dict()))
+        moe.backend = "auto"
+    return rows
+
+
+if STEPS in ("router", "all"):
+    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
+    df = pd.DataFrame(router_rows(moe))
+    df["gate_hbm_fraction"] = moe.gate.weight.numel() * 4 / (df.median_us * 1e-6) / c.hbm_bw
+    del moe
+    torch.cuda.empty_cache()
+    print(df[["T", "router", "l2", "ok", "median_us", "p20_us", "p80_us", "sm_clock_mhz",
+              "gate_hbm_fraction"]].round(3).to_string(index=False), flush=True)
+    print("failed checks:", "none" if df.ok.all() else df[~df.ok][["T", "router"]].to_string(), flush=True)
+
+if STEPS in ("layer", "all"):
+    default, frames = ek.ROUTER_KERNEL, []
+    for kernel in KERNELS:
+        ek.ROUTER_KERNEL = kernel
+        d = run_moe_bench("kimi_k2_ep8", tokens=(17, 65), routings=("model", "zipf"), zipf_a=1.2, fp8=False,
+                          ceilings=c)
+        frames.append(d[d.variant == "bf16"].assign(router=kernel))
+        torch.cuda.empty_cache()
+    ek.ROUTER_KERNEL = default
+    lay = pd.concat(frames)
+    print(lay[["router", "routing", "tokens", "distinct", "median_us", "p20_us", "p80_us", "gemm_us",
+               "hbm_fraction", "error"]].round(3).to_string(index=False), flush=True)
+    print(lay.pivot_table(index=["routing", "tokens"], columns="router", values="hbm_fraction").round(3).to_string())

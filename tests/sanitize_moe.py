@@ -1,5 +1,5 @@
-"""Small run of every kernel of cuda/moe_grouped.cu and cuda/moe_router.cu, for compute-sanitizer
-(see test_moe.py)."""
+"""Small run of every kernel of cuda/moe_grouped.cu, cuda/moe_router.cu and cuda/moe_router_mma.cu,
+for compute-sanitizer (see test_moe.py)."""
 import sys
 from pathlib import Path
 
@@ -25,8 +25,10 @@ w2 = (torch.randn(E, 256, 256, device="cuda", generator=g) / 16).to(torch.bfloat
 weight = torch.rand(T, k, device="cuda", generator=g)
 shared = ((torch.randn(3, 256, 256, device="cuda", generator=g) / 16).to(torch.bfloat16)).unbind(0)
 ek.routed_experts(x, weight, expert, w1, w3, w2, shared=shared, experts_total=16)
-for T in (1, 40, 130):                       # both router shapes, partial token tiles
-    xr = torch.randn(T, 1024, device="cuda", generator=g).to(torch.bfloat16)
-    ek.route(xr, torch.randn(64, 1024, device="cuda", generator=g) / 32, 6, 1.0)
+for T in (1, 40, 130):      # both fma router shapes, partial token tiles; the mma router's partial
+    xr = torch.randn(T, 1024, device="cuda", generator=g).to(torch.bfloat16)   # n-tiles, two passes,
+    gr = torch.randn(64, 1024, device="cuda", generator=g) / 32                # finalisers looping (T > 128)
+    ek.route(xr, gr, 6, 1.0, kernel="fma")
+    ek.route(xr, gr, 6, 1.0, kernel="mma")
 torch.cuda.synchronize()
 print("selfcheck ok")

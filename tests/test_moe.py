@@ -187,6 +187,9 @@ def test_router_kernel_rejects_bad_input():
         ek.route(x, torch.zeros(32, 1024), 2, 1.0)
     assert not ek.router_supported(x, torch.zeros(32, 1024), 2)
     assert [ek.router_shape(T) for T in (1, 65, 128, 129, 1025)] == [(4, 8), (4, 8), (4, 8), (4, 64), (4, 64)]
+    assert [ek.router_mma_shape(T, 384) for T in (1, 8, 9, 17, 64, 65, 1025)] == [
+        (3, 1), (3, 1), (3, 2), (3, 3), (3, 8), (3, 8), (3, 8)]
+    assert ek.router_mma_shape(5, 32) == (2, 1) and ek.router_mma_shape(5, 96) == (3, 1)
 
 
 def test_bench_records_a_failed_check_and_goes_on(monkeypatch):
@@ -314,60 +317,87 @@ def _assert_route_matches(x, gate, k, scale, weight, expert, tol=1e-5):
     torch.testing.assert_close(w, chosen / chosen.sum(1, keepdim=True) * scale, atol=tol * scale, rtol=tol)
 
 
+ROUTER_VARIANTS = [("fma", None), ("fma", (2, 8)), ("fma", (2, 64)), ("mma", None)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [None, (2, 8), (2, 64)])
-@pytest.mark.parametrize("T", [1, 7, 32, 33, 65, 130, 1025])
-def test_router_kernel_against_float64(T, shape):
-    """Kimi K2's router shape (dim 7168, 384 experts, top 8) on fresh random inputs, both
-    expert-tile widths and token-tile lengths (odd T, partial tiles)."""
+@pytest.mark.parametrize("kernel, shape", ROUTER_VARIANTS)
+@pytest.mark.parametrize("T", [1, 7, 8, 17, 32, 33, 64, 65, 128, 130, 1025])
+def test_router_kernel_against_float64(T, kernel, shape):
+    """Kimi K2's router shape (dim 7168, 384 experts, top 8) on fresh random inputs: both
+    kernels; the fma one's expert-tile widths and token-tile lengths (odd T, partial tiles); the
+    mma one's 1..8 n-tiles (partial ones), several 64-token passes (T > 64) and finalisers taking
+    more than one 4-token group (T > 128)."""
     x, gate = _router_case(T, 7168, 384, 8, seed=torch.seed() % 2**31)
-    w, e = ek.route(x.cuda(), gate.cuda(), 8, 2.827, shape=shape)
+    w, e = ek.route(x.cuda(), gate.cuda(), 8, 2.827, shape=shape, kernel=kernel)
     _assert_route_matches(x, gate, 8, 2.827, w, e)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["fma", "mma"])
+@pytest.mark.parametrize("E, k", [(32, 3), (64, 6), (96, 8)])
 @pytest.mark.parametrize("T", [1, 13, 97])
-def test_router_kernel_small_shape(T):
-    """dim 1024 (one float4 per thread), 32 experts (one score per lane), top 3."""
-    x, gate = _router_case(T, 1024, 32, 3, seed=torch.seed() % 2**31)
-    w, e = ek.route(x.cuda(), gate.cuda(), 3, 1.0)
-    _assert_route_matches(x, gate, 3, 1.0, w, e)
+def test_router_kernel_small_shape(T, E, k, kernel):
+    """dim 1024 (one float4 per thread in the fma kernel, one k16 step per warp in the mma one),
+    32 experts (one score per lane; two m-tiles, one expert tile), 64 (two expert tiles) and 96
+    (three m-tiles per block)."""
+    x, gate = _router_case(T, 1024, E, k, seed=torch.seed() % 2**31)
+    w, e = ek.route(x.cuda(), gate.cuda(), k, 1.0, kernel=kernel)
+    _assert_route_matches(x, gate, k, 1.0, w, e)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["fma", "mma"])
 @pytest.mark.parametrize("T", [5, 70])
-def test_router_kernel_ties_go_to_the_lowest_id(T):
-    """Equal gate rows give bitwise-equal float32 scores; among them the lowest ids win, at the
-    k boundary too, as in the float64 reference."""
+def test_router_kernel_ties_go_to_the_lowest_id(T, kernel):
+    """Equal gate rows give bitwise-equal float32 scores (in different m-tile rows, blocks and
+    expert tiles); among them the lowest ids win, at the k boundary too, as in the float64
+    reference."""
     x, gate = _router_case(T, 7168, 384, 8, seed=torch.seed() % 2**31)
     gate[[9, 200, 383]] = gate[5].clone()                  # four equal experts
     x[:3] = (gate[5] * 60).to(torch.bfloat16)              # ... the best ones of tokens 0..2
-    w, e = ek.route(x.cuda(), gate.cuda(), 2, 1.0)
+    w, e = ek.route(x.cuda(), gate.cuda(), 2, 1.0, kernel=kernel)
     assert e[:3].cpu().tolist() == [[5, 9]] * 3 and torch.equal(w[:3].cpu(), torch.full((3, 2), 0.5))
     assert torch.equal(e[:3].cpu(), ek.reference_route(x[:3], gate, 2, 1.0)[1])
     _assert_route_matches(x, gate, 2, 1.0, w, e)
-    w8, e8 = ek.route(x.cuda(), gate.cuda(), 8, 1.0)
+    w8, e8 = ek.route(x.cuda(), gate.cuda(), 8, 1.0, kernel=kernel)
     assert e8[:3, :4].cpu().tolist() == [[5, 9, 200, 383]] * 3
 
 
 @pytest.mark.gpu
-def test_router_kernel_captures_and_resets_its_counters():
+@pytest.mark.parametrize("kernel", ["fma", "mma"])
+@pytest.mark.parametrize("T", [17, 130])
+def test_router_kernel_captures_and_resets_its_counters(T, kernel):
     """In a CUDA graph and eagerly around it: the same outputs every time (each launch leaves its
-    token tiles' counters at zero for the next), T = 0 gives empty outputs."""
-    x, gate = _router_case(130, 7168, 384, 8, seed=1)
+    counters at zero for the next), T = 0 gives empty outputs."""
+    x, gate = _router_case(T, 7168, 384, 8, seed=1)
     x, gate = x.cuda(), gate.cuda()
-    w0, e0 = ek.route(x, gate, 8, 2.5)
+    w0, e0 = ek.route(x, gate, 8, 2.5, kernel=kernel)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        w, e = ek.route(x, gate, 8, 2.5)
+        w, e = ek.route(x, gate, 8, 2.5, kernel=kernel)
     for _ in range(3):
         graph.replay()
-        w1, e1 = ek.route(x, gate, 8, 2.5)
+        w1, e1 = ek.route(x, gate, 8, 2.5, kernel=kernel)
     torch.cuda.synchronize()
     assert torch.equal(w, w0) and torch.equal(e, e0) and torch.equal(w1, w0) and torch.equal(e1, e0)
     assert ek._COUNTERS[torch.cuda.current_device()].abs().sum() == 0
-    w, e = ek.route(x[:0], gate, 8, 2.5)
+    w, e = ek.route(x[:0], gate, 8, 2.5, kernel=kernel)
     assert w.shape == (0, 8) and e.shape == (0, 8)
+
+
+@pytest.mark.gpu
+def test_router_kernels_agree():
+    """The two kernels choose the same experts on Kimi K2's router shape (their float32 sums
+    differ in order only: weights within float32 rounding of each other)."""
+    x, gate = _router_case(65, 7168, 384, 8, seed=torch.seed() % 2**31)
+    x, gate = x.cuda(), gate.cuda()
+    wf, ef = ek.route(x, gate, 8, 2.5, kernel="fma")
+    wm, em = ek.route(x, gate, 8, 2.5, kernel="mma")
+    s = torch.sigmoid(x.double() @ gate.double().T)
+    close = (s.gather(1, ef) - s.gather(1, em)).abs().amax(1) < 1e-5      # a near-tie may swap
+    assert close.all() and (ef == em).float().mean() > 0.99
+    torch.testing.assert_close(wm[(ef == em).all(1)], wf[(ef == em).all(1)], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
