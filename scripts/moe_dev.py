@@ -47,10 +47,10 @@ def router_rows(moe) -> list[dict]:
             for l2, calls in (("warm", 5), ("cold", 1)):
                 t = time_graph(lambda x=x, kernel=kernel: ek.route(x, gate, k, scale, kernel=kernel), reps=30,
                                calls_per_graph=calls, l2=l2) if ok else None
-                rows.append(dict(T=T, router=kernel, l2=l2, ok=ok, **(t.as_dict() if t else {})))
+                rows.append(dict(T=T, router=kernel, ok=ok, **(t.as_dict() if t else {"l2": l2})))
         moe.backend = "torch"
         t = time_graph(lambda x=x: moe.route(x), reps=30, calls_per_graph=5)
-        rows.append(dict(T=T, router="torch", l2="warm", ok=True, **t.as_dict()))
+        rows.append(dict(T=T, router="torch", ok=True, **t.as_dict()))
         moe.backend = "auto"
     return rows
 
