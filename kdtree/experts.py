@@ -32,14 +32,18 @@ ROWS_GATED, ROWS_DOWN = 16, 32
 ROUTER_THREADS = 256
 ROUTER_COUNTERS = 4096   # token tiles a launch can count in the cached buffer (more: a fresh one)
 # The layer takes the router kernel up to this many tokens: on an H200 (scripts/moe_dev.py,
-# results/moe/h200_05_bded7e8/dev.log) it took 9.3 / 18.6 / 40.8 us at T = 1 / 17 / 65 against
-# the torch router's 27.2 / 41.3 / 53.6, but 103 / 343 us at T = 257 / 1025 against 87 / 210:
-# past ~128 tokens its float32 FMAs and its re-reads of x from L2 lose to cuBLAS's GEMM.
+# results/moe/h200_05_bded7e8/dev.log) the "fma" kernel took 9.3 / 18.6 / 40.8 us at
+# T = 1 / 17 / 65 against the torch router's 27.2 / 41.3 / 53.6, but 103 / 343 us at
+# T = 257 / 1025 against 87 / 210: past ~128 tokens its float32 FMAs and its re-reads of x from
+# L2 lose to cuBLAS's GEMM.
 ROUTER_MAX_TOKENS = 128
 # The router kernel ``route`` launches by default: "mma" (cuda/moe_router_mma.cu: split-K over
 # all tokens on tensor cores, the gate as three bf16 terms) or "fma" (cuda/moe_router.cu: float32
-# FMAs, gate rows in registers per 8-token tile).
-ROUTER_KERNEL = "fma"
+# FMAs, gate rows in registers per 8-token tile). On an H200 (scripts/moe_dev.py,
+# results/moe/router_v2_h200/router_bench.log, graph replay, warm L2) "mma" took 7.4 / 9.6 / 16.2
+# / 18.4 us at T = 1 / 17 / 65 / 128 against "fma"'s 8.4 / 17.9 / 40.1 / 68.0 and the torch
+# router's 25.3 / 39.8 / 51.6 / 55.4 (T > 128 not measured with "mma": the cap above stays).
+ROUTER_KERNEL = "mma"
 ROUTER_SLICES = 16       # the mma router's K slices (blocks per expert tile)
 # (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
