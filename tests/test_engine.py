@@ -370,8 +370,12 @@ def test_breakdown_rounds_alternate_and_report_the_quietest(model, greedy):
     runs = [_Breakdown(model, prompts, "ar", None, 1, None, 3, 1, "eager", 128, None),
             _Breakdown(model, prompts, "ddtree", _drafter(greedy["three"].tokens), 16, None, 3, 1, "eager", 128, None)]
     order = []
+
+    def recording(r, index):
+        return lambda: (order.append(index), type(r).round(r))
+
     for i, run in enumerate(runs):
-        run.round = (lambda r, i: lambda: (order.append(i), type(r).round(r)))(run, i)
+        run.round = recording(run, i)
     _take_rounds(runs, 3)
     assert order == [0, 1, 0, 1, 0, 1] and all(len(r.rounds) == 3 for r in runs)
     run = runs[1]
