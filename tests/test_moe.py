@@ -159,7 +159,9 @@ def test_moe_layer_cost_kernel_path_hand_counts():
     assert gate_up.flops_exec == 2 * 2 * (3 * 2 + 3 * 2) * 4       # 3 local slots and 3 shared rows
     assert down.dram_write == (3 + 3) * 4 * 4                       # float32 rows of both
     assert gate_up.dram_read >= 2 * 2 * 2 * 4 * 2 + 2 * 2 * 4 * 2    # routed gate/up and shared gate/up weights
-    assert kern.parts[0].dram_write == 3 * 8 * 4 + 3 * 2 * 12        # scores, then weights and ids
+    planes = ek.ROUTER_SLICES if ek.ROUTER_KERNEL == "mma" else 1    # the mma router: one score plane per K slice
+    assert kern.parts[0].dram_write == planes * 3 * 8 * 4 + 3 * 2 * 12  # scores, then weights and ids
+    assert kern.parts[0].dram_read == 8 * 4 * 4 + 3 * 4 * 2 + planes * 3 * 8 * 4
     no_shared = moe_layer_cost(**(kw | {"shared_inter": 0}), expert_kernels=True)
     assert no_shared.parts[-1].dram_read == 3 * 4 * 4 + 6 * 8        # local rows only, pos and weights
     with pytest.raises(ValueError, match="expert_kernels"):

@@ -38,6 +38,7 @@ from kdtree.bench.roofline import classify_point
 from kdtree.bench.timing import time_graph, time_host
 from kdtree.engine.config import ModelConfig, get_config
 from kdtree.engine.model import FP8, MoE, build_model, grouped_linear, quantize_rows
+from kdtree.experts import ROUTER_KERNEL, ROUTER_SLICES
 
 ROUTINGS = ("model", "uniform", "zipf")
 TOKENS = (1, 17, 65, 257, 1025)
@@ -82,7 +83,8 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
         Bytes per activation value (2 for bf16, 4 for the float32 CPU path).
     router_kernel : bool
         The router runs as ``kdtree.experts.route`` (one launch: it writes the T x E float32
-        scores and its last blocks read them back for the top-k), else as torch ops.
+        scores, on the default mma kernel one plane of them per K slice, and its last blocks read
+        them back for the top-k), else as torch ops.
     expert_kernels : bool
         The experts run as ``kdtree.experts.routed_experts`` (bf16): a permutation kernel, the
         gate/up and the down grouped GEMM over the local slots and the shared expert's T rows
@@ -122,9 +124,10 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
         return Launch(name, float(flops), float(read), float(write), float(read), float(write), float(carried), count)
 
     gate_flops = 2 * T * experts * dim
-    if router_kernel:
+    if router_kernel:   # the mma router's K slices each write a float32 T x E partial plane, summed in order
+        planes = (ROUTER_SLICES if ROUTER_KERNEL == "mma" else 1) * T * experts * 4
         parts = [launch("moe_router: float32 gate, sigmoid, top-k, renormalise", gate_flops,
-                        experts * dim * 4 + T * dim * b + T * experts * 4, T * experts * 4 + R * 12, T * experts * 4)]
+                        experts * dim * 4 + T * dim * b + planes, planes + R * 12, planes)]
     else:
         parts = [launch("router: float32 gate, sigmoid, top-k, renormalise", gate_flops,
                         experts * dim * 4 + T * dim * b, R * 12, count=6)]
