@@ -307,7 +307,11 @@ def time_events(fns: Sequence[Callable[[], object]], *, reps: int = 100, warmup:
 def _event_samples(fns, reps: int, first: int, flush, floor) -> tuple[list[float], list[float]]:
     """Microseconds of ``reps`` eager calls by CUDA events, the inputs round-robin from index
     ``first`` (``flush``: called and finished before every call; ``floor``: timed right after
-    every call, once it has finished), and of the floor calls ([] without one)."""
+    every call, once it has finished, and finished before the next call), and of the floor calls
+    ([] without one). With a floor, the call and the floor both start on an idle GPU: a call
+    recorded right behind the floor's kernel had its start event wait for that kernel, so its
+    span lost part of its own dispatch, and at host-bound ops (accept at 66-70 us) it came out
+    2-6% under its floor, "faster than its roof", in a default H200 run (h200-20261201-6)."""
     events = [[torch.cuda.Event(enable_timing=True) for _ in range(4 if floor else 2)] for _ in range(reps)]
     for i, ev in enumerate(events):
         if flush is not None:
@@ -321,6 +325,7 @@ def _event_samples(fns, reps: int, first: int, flush, floor) -> tuple[list[float
             ev[2].record()
             floor()
             ev[3].record()
+            torch.cuda.synchronize()   # the next call starts on an idle GPU, as the floor did
     torch.cuda.synchronize()
     calls = [ev[0].elapsed_time(ev[1]) * 1e3 for ev in events]
     return calls, ([ev[2].elapsed_time(ev[3]) * 1e3 for ev in events] if floor is not None else [])
@@ -467,7 +472,7 @@ def hold_cycles_for(replay: Callable[[], object], tries: int = 3) -> int:
     :data:`HOLD_CYCLES`. Submitting a graph takes the host time that grows with its nodes: an
     fp8 MoE layer of 66 kernels, 10 per graph, took longer than a fixed 0.1 ms hold, so the
     GPU waited for the host inside the timed span, and the layer measured 5-10% slower in the
-    twin of a run whose host was slower (``rerun_agreement.md`` of h200-20261201-5)."""
+    twin of a run whose host was slower (``results/rerun_agreement_h200/h200-20261201-5.md``)."""
     worst = 0.0
     for _ in range(tries):
         torch.cuda.synchronize()
