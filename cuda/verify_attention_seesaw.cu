@@ -11,9 +11,10 @@
 // column blocks (boxes) 4h .. 4h + 3, and for h = 1 also the rope block 8 (read by S only).
 //
 // Against v6:
-//   full[s][b]:  one mbarrier per box (expect_tx 8192 B each): S issues the k-steps of box b as
-//                soon as box b has landed (the other boxes' waits sit between the wgmmas of one
-//                group);
+//   full[s][b]:  one mbarrier per box (expect_tx 8192 B each): the non-owner's P V waits for
+//                its half's boxes only; S waits for all nine, then issues its k-steps as one
+//                stream (v7.2; v7.1 issued each box's k-steps as soon as that box landed, a
+//                wait and a fence between every four wgmmas, 1.18-1.26x slower than tma);
 //   empty[s][h]: one per stage half (128 arrivals, the threads of warpgroup h after its P V of
 //                the tile). Two producer threads, one per half, each refill their half as soon as
 //                it is released, not after both P Vs;
@@ -84,10 +85,12 @@ __device__ __forceinline__ void see_issue_s(float (&s)[8][4], att_u32 sQ, att_u3
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
   wg_pin<32>(&s[0][0]);
+  // Every box first, then one fence and the 36 k-steps as one stream (v7.2: v7.1 waited box by
+  // box with a fence after each wait, and ran 1.18-1.26x slower than tma).
+  for (int cb = 0; cb < SEE_BOXES; ++cb) mb_wait(full + 8 * cb, par);
+  wg_fence();  // after the waits' branches: ptxas would insert its own, serialising the wgmmas (C7520)
 #pragma unroll
   for (int cb = 0; cb < SEE_BOXES; ++cb) {
-    mb_wait(full + 8 * cb, par);
-    wg_fence();  // after the wait's branch: ptxas would insert its own, serialising the wgmmas (C7520)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const att_u32 off = cb * 128 * FUSED_BN + kk * 32;

@@ -587,7 +587,7 @@ def test_tma_protocol_model_catches_a_missing_wait(bug, message):
 
 
 # The synchronisation of cuda/verify_attention_seesaw.cu (v7) as a model, on the same mbarriers as
-# the tma model: a full barrier per (stage, box) that S waits for box by box, an empty barrier per
+# the tma model: a full barrier per (stage, box) that S waits for, all nine, an empty barrier per
 # (stage, half) that warpgroup h's P V releases and one producer per half refills, and the wgmma
 # groups of each warpgroup, completing in issue order at random times (wait_group N blocks until at
 # most the N newest are pending; a group's reads are checked when it is issued and when it completes). The non-owner of tile i issues S(i + 1),
@@ -654,7 +654,6 @@ def _seesaw_run(n, seed, bug=None, tail=True):
             for b in range(9):
                 if bug != "no_box_wait":
                     yield from wait("full", i & 1, b, i >> 1)
-                read(who, "QK", i, [(i & 1, b)])
             yield from issue("QK", i, [(i & 1, b) for b in range(9)])
 
         def pv(i):
