@@ -421,6 +421,8 @@ def _kill_chain(spec: Path, run_id: str, kills: int, span: float, seed: int, log
         assert all(ok.get(p) == e for p, e in kept.items()), "a finished point was lost or run again"
         kept = ok
     done = cli("sweep", str(spec), "--run-id", run_id, "--profile", "cpu", timeout=180)
+    if done.returncode != 0 or "Traceback" in done.stderr or "[IPKernelApp]" in done.stderr:
+        print(f"final resume of {run_id}, rc {done.returncode}, whole stderr:\n{done.stderr}")  # the assert's is cut
     assert done.returncode == 0 and "Traceback" not in done.stderr and "[IPKernelApp]" not in done.stderr, done.stderr
     final = check_whole(run, 4)["points"]
     assert all(final[p] == e for p, e in kept.items())
