@@ -12,7 +12,8 @@ Steps (comma-separated, default all, in this order):
   check     pytest -m gpu tests/test_moe.py (the kernels against float64, compute-sanitizer memcheck)
   notebook  papermill notebooks/05_moe_verify.ipynb with parameterized_runs/default.yaml's GPU
             parameters and this call's ceilings (as a sweep passes the run's): its cells' durations
-  dev       scripts/moe_dev.py (the router kernel's shapes against the torch router, T = 1 .. 1025)
+  dev       scripts/moe_dev.py (all: both router kernels and the torch router at T = 1 .. 128, then the whole
+            layer with each router kernel at T = 17 and 65, model and Zipf routing)
 
 After the notebook it prints, from its table: the kernel path's stage breakdown per T, the
 whole layer's fraction of HBM bandwidth (minimum bytes over time) per variant, routing and T,
