@@ -130,9 +130,10 @@ class _Breakdown:
         for _ in range(warmup):
             call[0][1]()
         self.attention = call if timing == "eager" else _graphs(call)
-        self.holds = ({k: hold_cycles_for(fns[0][1]) for k, fns in
-                       (("step", [("step", self.whole.replay)]), ("phases", self.graphs), ("attention", self.attention))}
-                      if timing == "graph" else {"step": 0, "phases": 0, "attention": 0})
+        self.holds = dict.fromkeys(("step", "phases", "attention"), 0)   # eager: no hold
+        if timing == "graph":   # each timing's first replay
+            self.holds = {"step": hold_cycles_for(self.whole.replay), "phases": hold_cycles_for(self.graphs[0][1]),
+                          "attention": hold_cycles_for(self.attention[0][1])}
 
     @torch.no_grad()
     def round(self) -> None:
