@@ -155,22 +155,32 @@ class Ceilings:
         return cls(**data)
 
 
+def _device_us(fn, *, reps: int, l2: str):
+    """A device ceiling's timing: ``fn`` alone in a CUDA graph, each replay queued behind a
+    device hold (:func:`~kdtree.bench.timing.time_graph`), so no host time enters the span.
+    Timed eagerly on an idle GPU, the start event fired at once and the launch's host dispatch
+    (10-40 us, with the host's speed) joined a ~0.5 ms probe: the same H200's 2 GiB read probe
+    gave 4.28 TB/s in one run and 4.46 TB/s in its twin, whose kernel times agreed within 0.5%."""
+    return time_graph(fn, reps=reps, calls_per_graph=1, warmup=3, l2=l2)
+
+
 def _copy_bw(nbytes: int, device: str, *, reps: int) -> float:
-    """Copy bandwidth (read + write) of a ``nbytes`` buffer, in bytes/s."""
+    """Copy bandwidth (read + write) of a ``nbytes`` buffer, in bytes/s (on a GPU by
+    :func:`_device_us`)."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     fn = lambda: dst.copy_(src)  # noqa: E731
-    t = time_host(fn, reps=reps) if device == "cpu" else time_events([fn], reps=reps, l2="cold")
+    t = time_host(fn, reps=reps) if device == "cpu" else _device_us(fn, reps=reps, l2="cold")
     return 2 * src.numel() * 4 / (t.median_us * 1e-6)
 
 
 def _matmul_rate(n: int, dtype: torch.dtype, device: str, *, reps: int) -> float:
-    """FLOP/s of an n x n x n matrix product on random data."""
+    """FLOP/s of an n x n x n matrix product on random data (on a GPU by :func:`_device_us`)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
-    t = time_host(fn, reps=reps) if device == "cpu" else time_events([fn], reps=reps, warmup=3)
+    t = time_host(fn, reps=reps) if device == "cpu" else _device_us(fn, reps=reps, l2="warm")
     return 2 * n ** 3 / (t.median_us * 1e-6)
 
 
@@ -182,7 +192,7 @@ def _probe_kernel(name: str):
 
 def _read_bw(buf: torch.Tensor, passes: int, *, reps: int, l2: str) -> tuple[float, float]:
     """Bytes/s of ``read_probe`` over ``buf`` (float32, a multiple of 4 values), ``passes``
-    passes per launch, CUDA events; ``l2="cold"`` flushes the L2 before each launch. Returns
+    passes per launch, by :func:`_device_us`; ``l2="cold"`` flushes the L2 before each launch. Returns
     (bytes/s, median SM clock in MHz sampled while it ran)."""
     import numpy as np
 
@@ -194,12 +204,12 @@ def _read_bw(buf: torch.Tensor, passes: int, *, reps: int, l2: str) -> tuple[flo
     sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
     run = lambda: launch(fn, (8 * sms,), (256,), (ptr(buf), np.int64(n), np.int32(passes),  # noqa: E731
                                                   np.float32(-1.0), ptr(sink)))
-    t = time_events([run], reps=reps, warmup=3, l2=l2)
+    t = _device_us(run, reps=reps, l2=l2)
     return n * 16 * passes / (t.median_us * 1e-6), t.sm_clock_mhz
 
 
 def _write_bw(buf: torch.Tensor, *, reps: int) -> float:
-    """Bytes/s of ``write_probe`` over ``buf``, CUDA events, L2 flushed before each launch."""
+    """Bytes/s of ``write_probe`` over ``buf`` by :func:`_device_us`, L2 flushed before each launch."""
     import numpy as np
 
     from kdtree.kernels import launch, ptr
@@ -208,7 +218,7 @@ def _write_bw(buf: torch.Tensor, *, reps: int) -> float:
     n = buf.numel() // 4
     sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
     run = lambda: launch(fn, (8 * sms,), (256,), (ptr(buf), np.int64(n), np.float32(1.0)))  # noqa: E731
-    t = time_events([run], reps=reps, warmup=3, l2="cold")
+    t = _device_us(run, reps=reps, l2="cold")
     return n * 16 / (t.median_us * 1e-6)
 
 
@@ -280,16 +290,16 @@ def _measure_gpu(quick: bool) -> Ceilings:
     tiny = lambda: x.add_(1)  # noqa: E731
     gib = hbm_bytes >> 30
     methods = {
-        "probe:hbm_read": f"read_probe kernel (16-byte loads) over {gib} GiB, L2 flushed, CUDA events",
-        "probe:hbm_write": f"write_probe kernel (16-byte stores) over {gib} GiB, L2 flushed, CUDA events",
-        "probe:hbm_copy": f"torch copy of {gib} GiB, L2 flushed, CUDA events; read + write bytes",
+        "probe:hbm_read": f"read_probe kernel (16-byte loads) over {gib} GiB, L2 flushed, CUDA-graph replay",
+        "probe:hbm_write": f"write_probe kernel (16-byte stores) over {gib} GiB, L2 flushed, CUDA-graph replay",
+        "probe:hbm_copy": f"torch copy of {gib} GiB, L2 flushed, CUDA-graph replay; read + write bytes",
         "probe:l2_read": f"read_probe kernel, {passes} passes over {resident >> 20} MiB resident in the "
-                         f"{l2 >> 20} MiB L2, warm, CUDA events, before the other probes; best of {L2_ATTEMPTS} buffers ("
+                         f"{l2 >> 20} MiB L2, warm, CUDA-graph replay, before the other probes; best of {L2_ATTEMPTS} buffers ("
                          + ", ".join(f"{bw / 1e12:.3g} TB/s at {mhz:.0f} MHz" for bw, mhz in attempts) + ")",
         "hbm_bw": f"best of the HBM probes: {best} ({probes[best] / 1e12:.3g} TB/s)",
         "l2_bw": "probe:l2_read (L2 -> SM reads of a resident buffer)",
-        "tensor_flops": "torch.mm bf16 on random data, CUDA events",
-        "fp32_flops": "torch.mm fp32 with TF32 off (SIMT FFMA), CUDA events",
+        "tensor_flops": "torch.mm bf16 on random data, CUDA-graph replay",
+        "fp32_flops": "torch.mm fp32 with TF32 off (SIMT FFMA), CUDA-graph replay",
         "launch_eager_us": "one-element add_, CUDA events around each eager launch",
         "launch_graph_us": "one-element add_, 100 per CUDA graph, per-kernel time",
         "eager_floor_us": "kdtree op at a trivial size, eager, CUDA events around each call (Python path included)",
