@@ -33,11 +33,6 @@ import numpy as np
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
-def cache_dir() -> Path:
-    """kdtree's on-disk cache (``$KDTREE_CACHE``, default ``~/.cache/kdtree``); not created here."""
-    return Path(os.environ.get("KDTREE_CACHE", Path.home() / ".cache" / "kdtree"))
-
-
 def cuda_dir() -> Path:
     """The folder holding the ``.cu`` sources: inside the wheel, or the checkout's ``cuda/``."""
     here = Path(__file__).resolve().parent
@@ -93,7 +88,7 @@ def nvcc_compile(name: str, defines: dict | None = None, arch: str = "sm_90",
     src = read_source(name)
     opts = _COMMON + define_options(defines) + tuple(extra)
     key = hashlib.sha256("\0".join((src, arch, *opts)).encode()).hexdigest()[:24]
-    cache = cache_dir()
+    cache = Path(os.environ.get("KDTREE_CACHE", Path.home() / ".cache" / "kdtree"))
     out = cache / f"{name}-{arch}-{key}.cubin"
     if out.exists():
         return out

@@ -15,7 +15,6 @@ import pandas as pd
 
 from kdtree.bench.compare import _REP, _keys, _numbered, compare_table
 from kdtree.bench.sweep import combine_results
-from kdtree.bench.timing import HOST_FAST
 
 FLOOR_US, WITHIN, WORST, ROOF_TOL = 50.0, 0.05, 15, 1.05
 
@@ -39,7 +38,7 @@ def agreement(run_a: str, run_b: str) -> str:
     for name, g in (("device-timed (graph replay)", big[~host]), ("host-dispatched (eager, host)", big[host])):
         if len(g):
             lines.append(f"- {name}: {int(g['agree'].sum())} of {len(g)} within {WITHIN:.0%} ({g['agree'].mean():.1%})")
-    lines += _full_speed(a, b) + _floor_normalised(a, b)
+    lines += _floor_normalised(a, b)
     for run, df in ((run_a, a), (run_b, b)):
         fast = df[pd.to_numeric(df.get("fraction"), errors="coerce") > ROOF_TOL] if "fraction" in df else df.iloc[:0]
         lines.append(f"- {run}: {len(fast)} rows faster than their roof (fraction above {ROOF_TOL})"
@@ -62,43 +61,19 @@ def agreement(run_a: str, run_b: str) -> str:
     return "\n".join(lines)
 
 
-def _joined(a: pd.DataFrame, b: pd.DataFrame, rows, column: str) -> pd.DataFrame:
-    """The rows ``rows(t)`` selects of both runs with a ``column``, joined as compare_table joins
-    a run's points, those over FLOOR_US in either run kept."""
-    keys = [*_keys(a, b), "notebook"]
-
-    def pick(t: pd.DataFrame) -> pd.DataFrame:
-        t = _numbered(t[rows(t) & t[column].notna()], keys)
-        return t[[*keys, _REP, "median_us", column]]
-
-    m = pick(a).merge(pick(b), on=[*keys, _REP], suffixes=("_a", "_b"))
-    return m[(m["median_us_a"] >= FLOOR_US) | (m["median_us_b"] >= FLOOR_US)]
-
-
-def _full_speed(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
-    """Host-dispatched points taken in rounds (``host_speed``: the host's speed in the round
-    reported): the agreement where both runs caught the host at full speed, and where not."""
-    if "host_speed" not in a or "host_speed" not in b:
-        return []
-    m = _joined(a, b, lambda t: t["mode"].isin(["eager", "host"]) | t.get("phase", pd.Series(index=t.index)).eq("host"),
-                "host_speed")
-    if m.empty:
-        return []
-    full = (m["host_speed_a"] >= 1 / HOST_FAST) & (m["host_speed_b"] >= 1 / HOST_FAST)
-    agree = (m["median_us_b"] / m["median_us_a"] - 1).abs() <= WITHIN
-    out = []
-    for name, sel in (("both at full host speed", full), ("at least one in a slow stretch", ~full)):
-        if sel.any():
-            out.append(f"- host-dispatched points {name} ({int(sel.sum())}): {agree[sel].mean():.1%} within {WITHIN:.0%}")
-    return out
-
-
 def _floor_normalised(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
     """Eager points against the host floor timed beside them (``floor_us``): how far the host's
     own speed explains their disagreement (the floors of the same call path moved with it)."""
     if "floor_us" not in a or "floor_us" not in b:
         return []
-    m = _joined(a, b, lambda t: t["mode"] == "eager", "floor_us")
+    keys = [*_keys(a, b), "notebook"]    # joined as compare_table joins a run's points
+
+    def eager(t: pd.DataFrame) -> pd.DataFrame:
+        t = _numbered(t[(t["mode"] == "eager") & t["floor_us"].notna()], keys)
+        return t[[*keys, _REP, "median_us", "floor_us"]]
+
+    m = eager(a).merge(eager(b), on=[*keys, _REP], suffixes=("_a", "_b"))
+    m = m[(m["median_us_a"] >= FLOOR_US) | (m["median_us_b"] >= FLOOR_US)]
     if m.empty:
         return []
     raw = m["median_us_b"] / m["median_us_a"]

@@ -362,11 +362,10 @@ def test_step_breakdown_rows(model, greedy, mode):
         step_breakdown(model, _prompts([3]), mode="ar", timing="graph")
 
 
-def test_breakdown_rounds_alternate_and_report_the_quietest(model, greedy, monkeypatch):
+def test_breakdown_rounds_alternate_and_report_the_quietest(model, greedy):
     """Rounds of two breakdowns alternate (round 0 of each, then round 1, ...), and each reports
     every phase from its own round with the lowest median step, not a phase-wise minimum; the
-    host time from the host's quietest round (the host meter faked steady: all rounds at full speed)."""
-    monkeypatch.setattr("kdtree.bench.timing.host_meter_us", lambda: 100.0)
+    host time from the host's quietest round."""
     prompts = _prompts(BATCHES["three"])
     runs = [_Breakdown(model, prompts, "ar", None, 1, None, 3, 1, "eager", 128, None),
             _Breakdown(model, prompts, "ddtree", _drafter(greedy["three"].tokens), 16, None, 3, 1, "eager", 128, None)]

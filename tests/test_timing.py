@@ -131,7 +131,7 @@ def test_eager_timing_times_its_floor_interleaved_and_the_floor_is_cheaper():
     assert plain.floor_us != plain.floor_us     # NaN: no floor asked for
 
 
-def test_rounds_interleave_timings_and_report_the_quietest_round(monkeypatch):
+def test_rounds_interleave_timings_and_report_the_quietest_round():
     """Every registered timing gets its rounds in turn (round r of each before round r + 1 of
     any), and its figures are its quietest round's: a stretch of interference that slows the
     first half of the rounds does not enter the median."""
@@ -146,7 +146,6 @@ def test_rounds_interleave_timings_and_report_the_quietest_round(monkeypatch):
         order.append("b")
         _busy_cpu(0.001)
 
-    _FakeHost(monkeypatch, slow=lambda i: False)   # the host itself at full speed throughout
     rounds = timing.Rounds(rounds=6)
     ta = rounds.host(a, reps=12, warmup=0, min_s=0.0)
     tb = rounds.host(b, reps=6, warmup=0, min_s=0.0)
@@ -237,76 +236,13 @@ def test_clock_sampling_costs_a_short_timing_little_wall_time():
     assert time.perf_counter() - t0 < 0.05 and t.sm_clock_mhz > 0
 
 
-def test_rounds_take_the_floor_from_its_own_quietest_round(tmp_path):
+def test_rounds_take_the_floor_from_its_own_quietest_round():
     """The op's figures come from its quietest round, its floor from the floor's: a floor
     disturbed in the op's quiet round must not come out above the op's time."""
     t = timing.Timing(math.nan, math.nan, math.nan, 0, "eager", "warm")
     job = {"timing": t, "kind": "events", "rounds": [([10.0, 10.0, 10.0], [9.0, 9.5, 9.0]),
                                                    ([12.0, 12.0, 12.0], [5.0, 5.0, 5.5]),
                                                    ([11.0, 11.0, 11.0], [7.0, 7.0, 7.0])]}
-    job["meters"] = [100.0, 100.0, 100.0]
-    speed = timing.HostSpeed(tmp_path / "meter.json")
-    speed.saved = 100.0
-    timing.Rounds._fill(job, None, speed)
+    timing.Rounds._fill(job, None)
     assert t.median_us == 10.0 and t.reps == 9
     assert t.floor_us == 5.0
-    assert t.host_speed == 1.0
-
-
-class _FakeHost:
-    """A host whose meter reads ``fast_us`` or ``2 * fast_us`` as ``slow(reading index)`` says."""
-
-    def __init__(self, monkeypatch, slow, fast_us=100.0):
-        self.n, self.slow, self.fast_us = 0, slow, fast_us
-        monkeypatch.setattr(timing, "host_meter_us", self)
-
-    def __call__(self) -> float:
-        self.n += 1
-        return self.fast_us * (2.0 if self.slow(self.n - 1) else 1.0)
-
-
-def test_the_quietest_round_is_chosen_among_rounds_at_full_host_speed(tmp_path):
-    """A round with a low median taken while the host meter read slow is not reported when a
-    round at full speed exists; with none at full speed, the quietest of all is."""
-    speed = timing.HostSpeed(tmp_path / "meter.json")
-    speed.saved = 100.0
-    assert timing.quietest_round([5.0, 9.0, 7.0], [300.0, 100.0, 110.0], speed) == (2, 100.0 / 110.0)
-    assert timing.quietest_round([5.0, 9.0], [300.0, 250.0], speed) == (0, 100.0 / 300.0)
-
-
-def test_take_rounds_waits_only_for_units_without_a_round_at_full_speed(monkeypatch, tmp_path):
-    """Unit 1 skips round 0, the one round at full speed: it alone takes extra rounds until one
-    runs at full speed; a round is slow if either of its two readings is; the best reading is
-    saved for later processes."""
-    host = _FakeHost(monkeypatch, slow=lambda i: i in (2, 5, 6))   # rounds 1, 2 and the first extra one
-    monkeypatch.setattr(timing, "HOST_SAVE_READINGS", 8)
-    taken = []
-
-    def take(i, r):
-        taken.append((i, r))
-        return not (i == 1 and r == 0)
-
-    speed, meters = timing.take_rounds(2, 3, take, wait_s=5.0, speed=timing.HostSpeed(tmp_path / "meter.json"))
-    assert taken[:6] == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)]
-    assert taken[6:] == [(1, 3), (1, 4)]
-    assert [speed.fast(m) for m in meters[0]] == [True, False, False]
-    assert [speed.fast(m) for m in meters[1]] == [False, False, False, True]
-    assert host.n == 10
-    assert timing.HostSpeed(tmp_path / "meter.json").best == 100.0
-
-
-def test_take_rounds_gives_up_after_wait_s(monkeypatch, tmp_path):
-    """A host slow throughout: no extra rounds without ``wait_s``, and no more than ``wait_s`` with it."""
-    speed = timing.HostSpeed(tmp_path / "meter.json")
-    speed.saved = 100.0
-    _FakeHost(monkeypatch, slow=lambda i: True)
-    _, meters = timing.take_rounds(1, 2, lambda i, r: True, wait_s=0.0, speed=speed)
-    assert len(meters[0]) == 2
-    t0 = time.perf_counter()
-    _, meters = timing.take_rounds(1, 2, lambda i, r: time.sleep(0.01) or True, wait_s=0.1, speed=speed)
-    assert 2 < len(meters[0]) and time.perf_counter() - t0 < 0.5
-
-
-def test_rounds_refuse_a_bad_wait():
-    with pytest.raises(ValueError, match="wait_s"):
-        timing.Rounds(wait_s=-1)

@@ -34,7 +34,7 @@ from functools import partial
 import numpy as np
 import torch
 
-from kdtree.bench.timing import HOST_WAIT_S, hold_cycles_for, hold_device, host_clock, quietest_round, take_rounds
+from kdtree.bench.timing import hold_cycles_for, hold_device, host_clock
 from kdtree.engine.ddtree import (Generation, capture, chain_tree, generate, make_phases, needed_capacity,
                                   run_phases, start)
 from kdtree.engine.drafter import SyntheticDrafter
@@ -114,7 +114,7 @@ class _Breakdown:
         if timing == "graph" and not clock.cuda:
             raise ValueError(f"timing: 'graph' needs a CUDA model, the model is on {state.root.device}")
         self.mode, self.timing, self.steps, self.budget, self.batch = mode, timing, steps, budget, state.cache.batch
-        self.layers, self.phases, self.rounds, self.meters, self.speed = model.cfg.n_layers, phases, [], [], None
+        self.layers, self.phases, self.rounds = model.cfg.n_layers, phases, []
         for _ in range(warmup):
             run_phases(phases)
         if timing == "graph":
@@ -152,23 +152,18 @@ class _Breakdown:
         self.rounds.append(times)
 
     def rows(self) -> list[dict]:
-        """The quietest round's rows (the one with the lowest median step time among the rounds
-        at full host speed, ``timing.quietest_round``); the host row from the host's own
-        quietest round (under graph replay the step is device time, and its quietest round
-        says nothing of the host's). ``host_speed``: the host's speed in the round reported."""
-        def pick(key):
-            return quietest_round([float(np.median(t[key])) for t in self.rounds], self.meters, self.speed)
-
-        k, speed = pick("step")
-        hk, host_speed = pick("host")
-        times = dict(self.rounds[k]) | {"host": self.rounds[hk]["host"]}
+        """The quietest round's rows (the one with the lowest median step time); the host row
+        from the host's own quietest round (under graph replay the step is device time, and
+        its quietest round says nothing of the host's)."""
+        times = dict(min(self.rounds, key=lambda t: float(np.median(t["step"]))))
+        times["host"] = min((t["host"] for t in self.rounds), key=lambda h: float(np.median(h)))
         rows = []
         for phase, secs in times.items():
             us = np.asarray(secs) * 1e6
             rows.append(dict(mode=self.mode, timing=self.timing, phase=phase,
                              budget=self.budget if self.mode == "ddtree" else 0, batch=self.batch, steps=self.steps,
                              median_us=float(np.median(us)), p20_us=float(np.percentile(us, 20)),
-                             p80_us=float(np.percentile(us, 80)), host_speed=host_speed if phase == "host" else speed))
+                             p80_us=float(np.percentile(us, 80))))
         return rows
 
 
@@ -177,18 +172,12 @@ def _check_rounds(rounds) -> None:
         raise ValueError(f"rounds: expected a positive int, got {rounds!r}")
 
 
-def _take_rounds(breakdowns: list[_Breakdown], rounds: int, wait_s: float = 0.0) -> None:
+def _take_rounds(breakdowns: list[_Breakdown], rounds: int) -> None:
     """``rounds`` rounds of every breakdown, alternating (round 0 of each, then round 1, ...), so
-    each one's rounds spread over the whole measurement (``kdtree.bench.timing.Rounds``' reason),
-    each between two host meter readings, and up to ``wait_s`` seconds more of rounds for those with
-    none at full host speed (``timing.take_rounds``)."""
-    def take(i: int, r: int) -> bool:
-        breakdowns[i].round()
-        return True
-
-    speed, meters = take_rounds(len(breakdowns), rounds, take, wait_s)
-    for b, m in zip(breakdowns, meters):
-        b.meters, b.speed = m, speed
+    each one's rounds spread over the whole measurement (``kdtree.bench.timing.Rounds``' reason)."""
+    for _ in range(rounds):
+        for b in breakdowns:
+            b.round()
 
 
 def step_breakdown(model, prompts, mode: str = "ddtree", drafter=None, budget: int = 64,
@@ -449,8 +438,7 @@ def engine_tables(preset: str = "kimi_k2_attn", *, layers: int | None = None, dr
             own[b].set_reference(refs[key])
             runs.append(_Breakdown(model, prompts, "ddtree", own[b], b, None, steps, 3, timing, new,
                                    measured_capacity(prompts, new, dcfg.draft_len, "ddtree", b)))
-        # An eager step is mostly host work: on a GPU, wait a little for the host at full speed.
-        _take_rounds(runs, rounds, HOST_WAIT_S if cuda and timing == "eager" else 0.0)
+        _take_rounds(runs, rounds)
         rows += [row for run in runs for row in run.rows()]
         del runs
     breakdown = pd.DataFrame(rows).rename(columns={"mode": "decode", "timing": "mode"})

@@ -15,20 +15,15 @@ import contextlib
 import functools
 import gc
 import itertools
-import json
 import math
-import platform
 import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-
-from kdtree.bench.atomic import write_text
 
 
 @dataclass
@@ -45,8 +40,6 @@ class Timing:
     mem_clock_mhz: float = math.nan   # median memory clock, likewise
     floor_us: float = math.nan        # eager only: median of the call path's host floor, timed
     #                                   interleaved with the calls (``time_events(floor=...)``)
-    host_speed: float = math.nan      # a Rounds timing: the host's speed in the round reported, as
-    #                                   its best meter reading over the one before that round (1: full speed)
 
     def as_dict(self) -> dict:
         """The fields as a results-row dict (refused for a :class:`Rounds` timing not yet run)."""
@@ -338,118 +331,6 @@ def _event_samples(fns, reps: int, first: int, flush, floor) -> tuple[list[float
     return calls, ([ev[2].elapsed_time(ev[3]) * 1e3 for ev in events] if floor is not None else [])
 
 
-HOST_METER_LOOPS = 4000   # iterations of the host meter's loop: ~0.15 ms on an H200 host at full speed
-HOST_FAST = 1.4           # a round runs at full host speed if the meter before it is within this of the best
-#                           (the H200 host's slow state reads ~1.9x its fast one; a quiet host's noise stays under ~1.3x)
-HOST_SAVE_READINGS = 10   # readings a process needs before its best is saved for later ones
-HOST_WAIT_S = 5.0         # seconds a host-bound benchmark on a GPU may add to reach rounds at full host speed
-
-
-def host_meter_us() -> float:
-    """Microseconds of a fixed piece of pure-Python work (the best of two): the host CPU's
-    speed now, the way an eager launch's Python dispatch sees it.
-
-    On the H200 machines' host (a 16-CPU VM) the same work runs at one speed for stretches of
-    1-15 s and then at about half of it (0.72 against 1.40 ms for 20000 iterations), with no
-    steal time and no run-queue wait: the vCPUs themselves run slower, and an eager one-element
-    add takes 21 us in one state and 78 us in the other (``scripts/host_steal_probe.py``).
-    """
-    best = math.inf
-    for _ in range(2):
-        t0 = time.perf_counter()
-        acc = 0.0
-        for i in range(HOST_METER_LOOPS):
-            acc += i * 0.5
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e6
-
-
-class HostSpeed:
-    """The host's full-speed :func:`host_meter_us` reading (``best``): the lower of this
-    process's own (the 20th percentile of its readings: a single lucky reading does not set the
-    bar) and the one an earlier process on this machine saved (``host_meter.json`` in kdtree's
-    cache folder, keyed by the machine's name and CPU; saved from processes with at least
-    :data:`HOST_SAVE_READINGS` readings), so a process that runs entirely in a slow stretch is
-    still judged against the host's full speed. A fresh machine starts from its first readings."""
-
-    def __init__(self, path: str | Path | None = None):
-        from kdtree.kernels import cache_dir
-
-        self.path = Path(path) if path is not None else cache_dir() / "host_meter.json"
-        self.key = f"{platform.node()} {platform.machine()} {platform.processor()}"
-        self.saved, self.readings = math.inf, []
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            data = json.loads(self.path.read_text())
-            if data["key"] == self.key:
-                self.saved = float(data["best_us"])
-
-    @property
-    def best(self) -> float:
-        own = float(np.percentile(self.readings, 20)) if self.readings else math.inf
-        return min(self.saved, own)
-
-    def read(self) -> float:
-        """A meter reading now, in microseconds (kept for ``best``)."""
-        m = host_meter_us()
-        self.readings.append(m)
-        return m
-
-    def fast(self, reading: float) -> bool:
-        """Was the host at full speed when ``reading`` was taken (within :data:`HOST_FAST` of the best)?"""
-        return reading <= HOST_FAST * self.best
-
-    def save(self) -> None:
-        """Record the best reading for later processes (a failure to write is not an error)."""
-        if len(self.readings) < HOST_SAVE_READINGS:
-            return
-        with contextlib.suppress(OSError):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text(self.path, json.dumps({"key": self.key, "best_us": self.best}))
-
-
-def take_rounds(n_units: int, rounds: int, take: Callable[[int, int], bool], wait_s: float = 0.0,
-                speed: HostSpeed | None = None) -> tuple[HostSpeed, list[list[float]]]:
-    """Take ``rounds`` rounds of ``n_units`` host-bound measurements, alternating (round 0 of
-    each, then round 1, ...), with a :func:`host_meter_us` reading before and after each round;
-    then, for up to ``wait_s`` seconds, more rounds of the units none of whose rounds ran at
-    full host speed.
-
-    ``take(i, r)`` takes unit ``i``'s round ``r`` and says whether it took one (``r`` counts on
-    past ``rounds`` in the extra rounds). Returns the :class:`HostSpeed` (its best saved) and,
-    per unit, one reading per round it took (the slower of the round's two: a round that
-    straddles a change of speed counts as slow), for :func:`quietest_round`.
-    """
-    speed = speed or HostSpeed()
-    meters: list[list[float]] = [[] for _ in range(n_units)]
-
-    def sweep(units: list[int], r: int) -> None:
-        first = speed.read()
-        took = [i for i in units if take(i, r)]
-        reading = max(first, speed.read())
-        for i in took:
-            meters[i].append(reading)
-
-    for r in range(rounds):
-        sweep(list(range(n_units)), r)
-    end, r = time.perf_counter() + wait_s, rounds
-    while time.perf_counter() < end:
-        behind = [i for i in range(n_units) if not any(speed.fast(m) for m in meters[i])]
-        if not behind:
-            break
-        sweep(behind, r)
-        r += 1
-    speed.save()
-    return speed, meters
-
-
-def quietest_round(medians: Sequence[float], meters: Sequence[float], speed: HostSpeed) -> tuple[int, float]:
-    """The round to report: the lowest median among the rounds at full host speed (among all,
-    if none was), and the host's speed in it (best reading / its reading)."""
-    fast = [k for k, m in enumerate(meters) if speed.fast(m)] or list(range(len(medians)))
-    k = min(fast, key=lambda k: medians[k])
-    return k, speed.best / meters[k]
-
-
 ROUNDS = 10   # rounds of every Rounds timing
 HOST_REWARM_S = 1e-3   # host calls shorter than this get an untimed call at the start of each round
 
@@ -472,24 +353,22 @@ class Rounds:
     this way agreed within 5% between passes at 99.8% (eager) and 100% (host) of the pairs,
     against 66.1% and 53.8% back to back (``scripts/host_timing_check.py``,
     ``results/host_timing_h200``). Between runs minutes apart the host's speed also drifts, by
-    whole families of points: the host spends stretches of up to ~15 s at half speed
-    (:func:`host_meter_us`), longer than a notebook's rounds.
-
-    So every round is taken between two host meter readings (:func:`take_rounds`), the quietest
-    round is chosen among the rounds at full host speed (all, if none was), and the timing
-    records the host's speed in it (``host_speed``). With ``wait_s`` > 0, a timing none of whose
-    rounds ran at full speed takes more rounds, for up to ``wait_s`` seconds in all.
+    whole families of points: rounds do not remove that. The H200 host runs for stretches of up
+    to ~15 s at about half speed, with no steal time and no run-queue wait
+    (``scripts/host_steal_probe.py``), longer than a notebook's rounds. Gating the rounds on a
+    pure-Python speed meter read around each round was tried and measured (run h200-20261202-1):
+    host-dispatched points agreed between the twins at 58% where both runs' meters read full
+    speed and at 65% where not, so the meter does not say which rounds to trust, and the rounds
+    are not gated on it.
 
     The registering methods return a :class:`Timing` whose fields :meth:`run` fills in; until
     then its ``reps`` is 0 and its ``as_dict`` refuses.
     """
 
-    def __init__(self, rounds: int = ROUNDS, wait_s: float = 0.0):
+    def __init__(self, rounds: int = ROUNDS):
         if not (isinstance(rounds, int) and rounds >= 1):
             raise ValueError(f"rounds: expected a positive int, got {rounds!r}")
-        if not (isinstance(wait_s, (int, float)) and wait_s >= 0):
-            raise ValueError(f"wait_s: expected seconds >= 0, got {wait_s!r}")
-        self.rounds, self.wait_s = rounds, float(wait_s)
+        self.rounds = rounds
         self._jobs: list[dict] = []
 
     @property
@@ -527,22 +406,17 @@ class Rounds:
             return
         gpu = any(j["kind"] == "events" for j in jobs)
         flush = L2Flush() if any(j["kind"] == "events" and j["l2"] == "cold" for j in jobs) else None
-        def take(i: int, r: int) -> bool:
-            j = jobs[i]
-            if r == 0:
-                self._start(j, clock)
-            if j["n_rounds"] <= r < self.rounds:   # a long host call takes fewer planned rounds
-                return False
-            j["rounds"].append(self._round(j, flush, clock))
-            return True
-
         with host_clock() as clock, QuietGC(), (ClockSampler() if gpu else contextlib.nullcontext()) as clocks:
             for j in jobs:
                 j["rounds"], j["taken"] = [], 0
-            speed, meters = take_rounds(len(jobs), self.rounds, take, self.wait_s)
-            for j, m in zip(jobs, meters):
-                j["meters"] = m
-                self._fill(j, clocks, speed)
+            for r in range(self.rounds):
+                for j in jobs:
+                    if r == 0:
+                        self._start(j, clock)
+                    if r < j["n_rounds"]:
+                        j["rounds"].append(self._round(j, flush, clock))
+            for j in jobs:
+                self._fill(j, clocks)
 
     def _start(self, j: dict, clock) -> None:
         if j["kind"] == "events":
@@ -574,11 +448,11 @@ class Rounds:
         return _host_samples(j["fn"], clock, -(-j["reps"] // n), j["min_s"] / n, j["sync"]), []
 
     @staticmethod
-    def _fill(j: dict, clocks, speed: HostSpeed) -> None:
-        quiet, t_speed = quietest_round([float(np.median(c)) for c, _ in j["rounds"]], j["meters"], speed)
+    def _fill(j: dict, clocks) -> None:
+        quiet = min(range(len(j["rounds"])), key=lambda i: np.median(j["rounds"][i][0]))
         calls, floors = j["rounds"][quiet]
         t = summarize(calls, j["timing"].mode, j["timing"].l2, clocks if j["kind"] == "events" else None)
-        t.reps, t.host_speed = sum(len(c) for c, _ in j["rounds"]), t_speed
+        t.reps = sum(len(c) for c, _ in j["rounds"])
         if floors:   # the floor's own quietest round: interference only adds time to it too
             t.floor_us = min(float(np.median(f)) for _, f in j["rounds"])
         j["timing"].__dict__.update(t.__dict__)

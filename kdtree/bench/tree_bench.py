@@ -18,7 +18,7 @@ from tqdm import tqdm
 import kdtree
 from kdtree.bench.ceilings import trivial_ops
 from kdtree.bench.results import run_metadata, save_table
-from kdtree.bench.timing import HOST_WAIT_S, Rounds, Timing, time_graph
+from kdtree.bench.timing import Rounds, Timing, time_graph
 from kdtree.kernels import cuda_available
 from kdtree.tree import _launch_build, accept_reference, build_tree_reference
 
@@ -162,7 +162,7 @@ def run_tree_bench(budgets=None, batches=None, depth: int = 15, out: str | Path 
             raise ValueError(f"budgets: {b} is outside 1..{kdtree.tree.MAX_BUDGET}")
     if not gpu:
         print("no CUDA GPU (or no CuPy): timing the CPU paths only")
-    rows, rounds = [], Rounds(wait_s=HOST_WAIT_S if gpu else 0.0)   # host-bound: wait a little for full speed
+    rows, rounds = [], Rounds()
     points = [(bu, ba) for ba in batches for bu in budgets]
     for bu, ba in tqdm(points, desc="bench tree", disable=not progress):
         rows += bench_point(bu, ba, depth, gpu, quick, rounds)
