@@ -208,6 +208,18 @@ def test_a_graph_replay_is_timed_without_its_submission(monkeypatch):
     assert held.median_us < idle.median_us, (held, idle)
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_a_held_eager_call_is_timed_without_its_dispatch():
+    """Behind ``hold_device`` an eager one-element add times below the same add timed by
+    ``time_events`` from an idle GPU, whose span includes the host's dispatch of the launch."""
+    x = torch.zeros(1, device="cuda")
+    held = timing.time_held(lambda: x.add_(1), reps=50)
+    idle = timing.time_events([lambda: x.add_(1)], reps=50)
+    assert held.mode == "eager" and held.reps == 50
+    assert held.median_us < idle.median_us, (held, idle)
+
+
 @pytest.mark.parametrize("submit_s, expect", [(0.0, timing.HOLD_CYCLES), (0.002, None),
                                                (1.0, timing.MAX_HOLD_CYCLES)])
 def test_the_hold_covers_the_longest_submission(monkeypatch, submit_s, expect):

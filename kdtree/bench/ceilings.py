@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 from kdtree.bench.atomic import write_text
-from kdtree.bench.timing import time_events, time_graph, time_host
+from kdtree.bench.timing import time_events, time_graph, time_held, time_host
 
 # Vendor datasheet values (SXM parts): labels for the figures, never used as roofs.
 DATASHEET = {
@@ -155,22 +155,26 @@ class Ceilings:
         return cls(**data)
 
 
-def _device_us(fn, *, reps: int, l2: str):
-    """A device ceiling's timing: ``fn`` alone in a CUDA graph, each replay queued behind a
-    device hold (:func:`~kdtree.bench.timing.time_graph`), so no host time enters the span.
+def _device_us(fn, *, reps: int, l2: str, capture: bool = True):
+    """A device ceiling's timing with no host time in its span: ``fn`` alone in a CUDA graph
+    replayed behind a device hold (:func:`~kdtree.bench.timing.time_graph`), or with
+    ``capture=False`` launched eagerly behind one (:func:`~kdtree.bench.timing.time_held`).
     Timed eagerly on an idle GPU, the start event fired at once and the launch's host dispatch
     (10-40 us, with the host's speed) joined a ~0.5 ms probe: the same H200's 2 GiB read probe
     gave 4.28 TB/s in one run and 4.46 TB/s in its twin, whose kernel times agreed within 0.5%."""
-    return time_graph(fn, reps=reps, calls_per_graph=1, warmup=3, l2=l2)
+    if capture:
+        return time_graph(fn, reps=reps, calls_per_graph=1, warmup=3, l2=l2)
+    return time_held(fn, reps=reps, warmup=3, l2=l2)
 
 
 def _copy_bw(nbytes: int, device: str, *, reps: int) -> float:
     """Copy bandwidth (read + write) of a ``nbytes`` buffer, in bytes/s (on a GPU by
-    :func:`_device_us`)."""
+    :func:`_device_us`, eagerly: a captured copy runs as graph memcpy nodes, not as the copy
+    kernel an eager ``copy_`` launches)."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     fn = lambda: dst.copy_(src)  # noqa: E731
-    t = time_host(fn, reps=reps) if device == "cpu" else _device_us(fn, reps=reps, l2="cold")
+    t = time_host(fn, reps=reps) if device == "cpu" else _device_us(fn, reps=reps, l2="cold", capture=False)
     return 2 * src.numel() * 4 / (t.median_us * 1e-6)
 
 
@@ -292,7 +296,7 @@ def _measure_gpu(quick: bool) -> Ceilings:
     methods = {
         "probe:hbm_read": f"read_probe kernel (16-byte loads) over {gib} GiB, L2 flushed, CUDA-graph replay",
         "probe:hbm_write": f"write_probe kernel (16-byte stores) over {gib} GiB, L2 flushed, CUDA-graph replay",
-        "probe:hbm_copy": f"torch copy of {gib} GiB, L2 flushed, CUDA-graph replay; read + write bytes",
+        "probe:hbm_copy": f"torch copy of {gib} GiB, L2 flushed, eager behind a device hold, CUDA events; read + write bytes",
         "probe:l2_read": f"read_probe kernel, {passes} passes over {resident >> 20} MiB resident in the "
                          f"{l2 >> 20} MiB L2, warm, CUDA-graph replay, before the other probes; best of {L2_ATTEMPTS} buffers ("
                          + ", ".join(f"{bw / 1e12:.3g} TB/s at {mhz:.0f} MHz" for bw, mhz in attempts) + ")",
