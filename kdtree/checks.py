@@ -24,24 +24,29 @@ def check_storage(name: str, t) -> None:
     """``t`` is a torch tensor with data (not on the meta device) that does not require grad.
 
     The ops launch kernels on raw memory and write in place: they are not differentiable, and a
-    meta tensor has no memory to read.
+    meta tensor has no memory to read. (The checks here build their messages only when they
+    fail: an eager op runs several of them per call, on the host's critical path.)
     """
-    need(isinstance(t, torch.Tensor), TypeError, f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    need(not t.is_meta, ValueError, f"{name}: is a meta tensor (shape only, no data); pass a tensor on a real device")
-    need(not t.requires_grad, ValueError,
-         f"{name}: requires grad; kdtree ops are not differentiable (pass {name}.detach())")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.is_meta:
+        raise ValueError(f"{name}: is a meta tensor (shape only, no data); pass a tensor on a real device")
+    if t.requires_grad:
+        raise ValueError(f"{name}: requires grad; kdtree ops are not differentiable (pass {name}.detach())")
 
 
 def check_tensor(name: str, t, dtypes: tuple, ndim: int | None = None, device=None) -> None:
     """``t`` is a contiguous torch tensor of one of ``dtypes`` (and ``ndim`` dims, on ``device``),
     with data and not requiring grad (:func:`check_storage`)."""
     check_storage(name, t)
-    need(t.dtype in dtypes, TypeError, f"{name}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if ndim is not None:
-        need(t.dim() == ndim, ValueError, f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
-    if device is not None:
-        need(t.device == device, ValueError, f"{name}: expected device {device}, got {t.device}")
-    need(t.is_contiguous(), ValueError, f"{name}: expected a contiguous tensor (call .contiguous())")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor (call .contiguous())")
 
 
 def reads_values(validate: bool, device: torch.device) -> bool:

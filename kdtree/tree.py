@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kdtree.checks import check_storage, check_tensor, check_token_ids, need, reads_values
+from kdtree.checks import check_storage, check_tensor, check_token_ids, reads_values
 
 MAX_DEPTH = 32     # L, draft positions after the root
 MAX_TOPK = 1024    # K
@@ -140,40 +140,44 @@ _INT = (torch.int32, torch.int64)
 def _check_build_args(logprobs, tokens, budget, root_tokens, validate: bool) -> None:
     check_tensor("logprobs", logprobs, (torch.float32,), 3)
     check_tensor("tokens", tokens, _INT, 3)
-    need(tokens.shape == logprobs.shape, ValueError,
-         f"tokens: shape {tuple(tokens.shape)} must equal logprobs' {tuple(logprobs.shape)}")
-    need(tokens.device == logprobs.device, ValueError,
-         f"tokens: on {tokens.device}, logprobs on {logprobs.device}")
+    if tokens.shape != logprobs.shape:
+        raise ValueError(f"tokens: shape {tuple(tokens.shape)} must equal logprobs' {tuple(logprobs.shape)}")
+    if tokens.device != logprobs.device:
+        raise ValueError(f"tokens: on {tokens.device}, logprobs on {logprobs.device}")
     B, L, K = logprobs.shape
-    need(isinstance(budget, int) and not isinstance(budget, bool), TypeError,
-         f"budget: expected an int, got {type(budget).__name__}")
-    need(1 <= budget <= MAX_BUDGET, ValueError, f"budget: must be in 1..{MAX_BUDGET}, got {budget}")
-    need(B >= 1, ValueError, "logprobs: batch dimension is empty")
-    need(1 <= L <= MAX_DEPTH, ValueError, f"logprobs: draft depth L must be in 1..{MAX_DEPTH}, got {L}")
-    need(1 <= K <= MAX_TOPK, ValueError, f"logprobs: top-K must be in 1..{MAX_TOPK}, got {K}")
+    if not (isinstance(budget, int) and not isinstance(budget, bool)):
+        raise TypeError(f"budget: expected an int, got {type(budget).__name__}")
+    if not (1 <= budget <= MAX_BUDGET):
+        raise ValueError(f"budget: must be in 1..{MAX_BUDGET}, got {budget}")
+    if B < 1:
+        raise ValueError("logprobs: batch dimension is empty")
+    if not (1 <= L <= MAX_DEPTH):
+        raise ValueError(f"logprobs: draft depth L must be in 1..{MAX_DEPTH}, got {L}")
+    if not (1 <= K <= MAX_TOPK):
+        raise ValueError(f"logprobs: top-K must be in 1..{MAX_TOPK}, got {K}")
     if root_tokens is not None:
         check_tensor("root_tokens", root_tokens, _INT, 1)
-        need(root_tokens.shape[0] == B, ValueError,
-             f"root_tokens: expected shape ({B},), got {tuple(root_tokens.shape)}")
-        need(root_tokens.device == logprobs.device, ValueError,
-             f"root_tokens: on {root_tokens.device}, logprobs on {logprobs.device}")
+        if root_tokens.shape[0] != B:
+            raise ValueError(f"root_tokens: expected shape ({B},), got {tuple(root_tokens.shape)}")
+        if root_tokens.device != logprobs.device:
+            raise ValueError(f"root_tokens: on {root_tokens.device}, logprobs on {logprobs.device}")
     if reads_values(validate, logprobs.device):
-        need(bool(torch.isfinite(logprobs).all()), ValueError,
-             "logprobs: contains NaN or infinite values (topk_logprobs clamps -inf to the float32 minimum)")
-        need(bool((logprobs[..., 1:] <= logprobs[..., :-1]).all()), ValueError,
-             "logprobs: every [b, l, :] row must be sorted in descending order")
+        if not bool(torch.isfinite(logprobs).all()):
+            raise ValueError("logprobs: contains NaN or infinite values (topk_logprobs clamps -inf to the float32 minimum)")
+        if not bool((logprobs[..., 1:] <= logprobs[..., :-1]).all()):
+            raise ValueError("logprobs: every [b, l, :] row must be sorted in descending order")
         check_token_ids("tokens", tokens)
         if root_tokens is not None:
             check_token_ids("root_tokens", root_tokens, low=-1)
 
 
 def _backend(backend: str, device: torch.device) -> str:
-    need(backend in ("auto", "torch", "cuda"), ValueError,
-         f"backend: expected 'auto', 'torch' or 'cuda', got {backend!r}")
+    if backend not in ("auto", "torch", "cuda"):
+        raise ValueError(f"backend: expected 'auto', 'torch' or 'cuda', got {backend!r}")
     if backend == "auto":
         return "cuda" if device.type == "cuda" else "torch"
-    need(backend == "torch" or device.type == "cuda", ValueError,
-         f"backend: 'cuda' needs CUDA tensors, got tensors on {device}")
+    if backend != "torch" and device.type != "cuda":
+        raise ValueError(f"backend: 'cuda' needs CUDA tensors, got tensors on {device}")
     return backend
 
 
@@ -425,16 +429,17 @@ def _check_accepted_rows(prefix_lens: torch.Tensor, accepted: Accepted, S: int) 
 
 
 def _check_tree(tree) -> None:
-    need(isinstance(tree, Tree), TypeError, f"tree: expected a kdtree.Tree, got {type(tree).__name__}")
+    if not isinstance(tree, Tree):
+        raise TypeError(f"tree: expected a kdtree.Tree, got {type(tree).__name__}")
     check_tensor("tree.tokens", tree.tokens, (torch.int32,), 2)
     B, N = tree.tokens.shape
     check_tensor("tree.parents", tree.parents, (torch.int32,), 2, tree.device)
     check_tensor("tree.num_nodes", tree.num_nodes, (torch.int32,), 1, tree.device)
-    need(tuple(tree.parents.shape) == (B, N) and tuple(tree.num_nodes.shape) == (B,), ValueError,
-         f"tree: parents {tuple(tree.parents.shape)} and num_nodes {tuple(tree.num_nodes.shape)} do not match "
-         f"tokens {(B, N)}")
-    need(isinstance(tree.draft_depth, int) and 0 <= tree.draft_depth <= MAX_DEPTH, ValueError,
-         f"tree.draft_depth: must be an int in 0..{MAX_DEPTH}, got {tree.draft_depth!r}")
+    if tuple(tree.parents.shape) != (B, N) or tuple(tree.num_nodes.shape) != (B,):
+        raise ValueError(f"tree: parents {tuple(tree.parents.shape)} and num_nodes {tuple(tree.num_nodes.shape)} "
+                         f"do not match tokens {(B, N)}")
+    if not (isinstance(tree.draft_depth, int) and 0 <= tree.draft_depth <= MAX_DEPTH):
+        raise ValueError(f"tree.draft_depth: must be an int in 0..{MAX_DEPTH}, got {tree.draft_depth!r}")
 
 
 def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto",
@@ -460,10 +465,10 @@ def accept_tree(tree: Tree, target_tokens: torch.Tensor, backend: str = "auto",
     """
     _check_tree(tree)
     check_tensor("target_tokens", target_tokens, _INT, 2)
-    need(tuple(target_tokens.shape) == tuple(tree.tokens.shape), ValueError,
-         f"target_tokens: expected shape {tuple(tree.tokens.shape)}, got {tuple(target_tokens.shape)}")
-    need(target_tokens.device == tree.device, ValueError,
-         f"target_tokens: on {target_tokens.device}, tree on {tree.device}")
+    if tuple(target_tokens.shape) != tuple(tree.tokens.shape):
+        raise ValueError(f"target_tokens: expected shape {tuple(tree.tokens.shape)}, got {tuple(target_tokens.shape)}")
+    if target_tokens.device != tree.device:
+        raise ValueError(f"target_tokens: on {target_tokens.device}, tree on {tree.device}")
     backend = _backend(backend, tree.device)
     if reads_values(validate, tree.device):
         check_token_ids("target_tokens", target_tokens)
@@ -513,21 +518,24 @@ def compact_kv(kv: torch.Tensor, prefix_lens: torch.Tensor, accepted: Accepted,
     whole); the other sequences are compacted.
     """
     check_storage("kv", kv)
-    need(kv.dim() in (3, 4), ValueError, f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")
-    need(kv.stride(-1) == 1, ValueError, "kv: the last dimension must be contiguous")
-    need(isinstance(accepted, Accepted), TypeError,
-         f"accepted: expected a kdtree.Accepted, got {type(accepted).__name__}")
+    if kv.dim() not in (3, 4):
+        raise ValueError(f"kv: expected [B, S, D] or [layers, B, S, D], got {tuple(kv.shape)}")
+    if kv.stride(-1) != 1:
+        raise ValueError("kv: the last dimension must be contiguous")
+    if not isinstance(accepted, Accepted):
+        raise TypeError(f"accepted: expected a kdtree.Accepted, got {type(accepted).__name__}")
     B, S = kv.shape[-3], kv.shape[-2]
     check_tensor("prefix_lens", prefix_lens, _INT, 1, kv.device)
     check_tensor("accepted.indices", accepted.indices, (torch.int32,), 2, kv.device)
     check_tensor("accepted.length", accepted.length, (torch.int32,), 1, kv.device)
-    need(prefix_lens.shape[0] == B, ValueError,
-         f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}")
-    need(accepted.indices.shape[0] == B and accepted.length.shape[0] == B, ValueError,
-         f"accepted: expected {B} sequences (kv's batch), got {accepted.indices.shape[0]} index rows "
-         f"and {accepted.length.shape[0]} lengths")
+    if prefix_lens.shape[0] != B:
+        raise ValueError(f"prefix_lens: expected {B} entries (kv's batch), got {prefix_lens.shape[0]}")
+    if accepted.indices.shape[0] != B or accepted.length.shape[0] != B:
+        raise ValueError(f"accepted: expected {B} sequences (kv's batch), got {accepted.indices.shape[0]} index rows "
+                         f"and {accepted.length.shape[0]} lengths")
     M = accepted.indices.shape[1]
-    need(1 <= M <= MAX_DEPTH + 1, ValueError, f"accepted.indices: 1..{MAX_DEPTH + 1} indices per row, got {M}")
+    if not (1 <= M <= MAX_DEPTH + 1):
+        raise ValueError(f"accepted.indices: 1..{MAX_DEPTH + 1} indices per row, got {M}")
     backend = _backend(backend, kv.device)
     if reads_values(validate, kv.device):
         _check_accepted_rows(prefix_lens, accepted, S)
@@ -575,11 +583,13 @@ def topk_logprobs(logits: torch.Tensor, k: int, validate: bool = True) -> tuple[
     tokens : int64 [..., k]
     """
     check_storage("logits", logits)
-    need(logits.is_floating_point(), TypeError, f"logits: expected a floating dtype, got {logits.dtype}")
-    need(logits.dim() >= 1, ValueError, "logits: needs a vocabulary dimension")
+    if not logits.is_floating_point():
+        raise TypeError(f"logits: expected a floating dtype, got {logits.dtype}")
+    if logits.dim() < 1:
+        raise ValueError("logits: needs a vocabulary dimension")
     V = logits.shape[-1]
-    need(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= min(V, MAX_TOPK), ValueError,
-         f"k: must be an int in 1..min(vocab={V}, {MAX_TOPK}), got {k!r}")
+    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= min(V, MAX_TOPK)):
+        raise ValueError(f"k: must be an int in 1..min(vocab={V}, {MAX_TOPK}), got {k!r}")
     if reads_values(validate, logits.device):
         for bad, what in ((torch.isnan(logits).any(-1), "contains NaN"),
                           (torch.isposinf(logits).any(-1), "contains +inf"),
