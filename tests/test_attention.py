@@ -278,7 +278,7 @@ def test_launch_plan_pingpong(impl):
 
 
 @pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n", "verify_attention_pingpong",
-                                  "verify_attention_tma", "verify_attention_seesaw"])
+                                  "verify_attention_tma", "verify_attention_seesaw", "wgmma_probe"])
 def test_wgmma_kernels_keep_registers(name, tmp_path):
     """ptxas for sm_90a: no spills, and no wgmma serialised (for want of registers, C7511, or around
     compiler-inserted waits and fences, C7518 / C7520)."""

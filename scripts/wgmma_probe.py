@@ -1,0 +1,56 @@
+"""The tensor-core rate of the verify kernels' wgmma steps in isolation (GPU host, sm_90a).
+
+Runs ``cuda/wgmma_probe.cu`` in each mode (S alone on one or both warpgroups, P V alone on one
+or both, both warpgroups doing S then P V), one block per SM, each timed by CUDA-graph replay
+(behind a device hold), and prints TFLOP/s, the fraction of the dense bf16 rate measured in the
+same process (``torch.mm`` 8192^3), and the cycles one warpgroup spends per step. The last line
+is what a 64-row tile's tensor work (S by one warpgroup, P V by both) takes at these rates, to
+set against the ~2.9 us per tile of the `tma` kernel at B = 1, N = 257, H = 64, P = 4096.
+
+    PYTHONPATH=. python scripts/wgmma_probe.py [ITERS]
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from kdtree.bench.ceilings import _matmul_rate
+from kdtree.bench.timing import time_graph
+from kdtree.kernels import get_kernel, launch, ptr
+
+S_FLOP = 2 * 64 * 64 * 576     # one S step of one warpgroup: 64 rows x 64 KV columns x 576
+PV_FLOP = 2 * 64 * 256 * 64    # one P V step of one warpgroup: 64 rows x 256 value columns x 64 KV rows
+SMEM = 64 * 576 * 2 + 64 * 576 * 2 + 64 * 64 * 2 + 1024   # Q, one KV tile, P, alignment slack
+MODES = {0: ("S, one warpgroup", S_FLOP), 1: ("S, both warpgroups", 2 * S_FLOP),
+         2: ("P V, one warpgroup", PV_FLOP), 3: ("P V, both warpgroups", 2 * PV_FLOP),
+         4: ("S then P V, both warpgroups", 2 * (S_FLOP + PV_FLOP))}
+
+
+def main(iters: int = 2000) -> None:
+    dev = torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rate = _matmul_rate(8192, torch.bfloat16, "cuda", reps=20)
+    out = torch.zeros(256, device="cuda")
+    print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, dense bf16 {rate / 1e12:.0f} TFLOP/s (torch.mm, now); "
+          f"{iters} steps per warpgroup, one block per SM, CUDA-graph replay")
+    per_sm = {}
+    for mode, (what, flop_per_iter) in MODES.items():
+        fn = get_kernel("wgmma_probe", "wgmma_probe", {"PROBE_MODE": mode}, compiler="nvcc")
+        run = lambda fn=fn: launch(fn, (sms,), (256,), (ptr(out), np.int32(iters)), shared_mem=SMEM)  # noqa: E731
+        t = time_graph(run, reps=20, calls_per_graph=1)
+        secs = t.median_us * 1e-6
+        flops = flop_per_iter * iters * sms / secs
+        per_sm[mode] = flops / sms
+        cycles = secs * t.sm_clock_mhz * 1e6 / iters
+        print(f"mode {mode} {what:28s} {t.median_us:9.1f} us  {flops / 1e12:6.1f} TFLOP/s  {flops / rate:5.2f} of bf16  "
+              f"{cycles:7.0f} cycles per step  ({t.sm_clock_mhz:.0f} MHz)")
+    # A 64-row tile: one S and both warpgroups' P V, each step at its own SM-wide rate.
+    s_us, pv_us = S_FLOP / per_sm[1] * 1e6, 2 * PV_FLOP / per_sm[3] * 1e6
+    print(f"a 64-row tile's tensor work at these rates: S {s_us:.2f} us + P V {pv_us:.2f} us = {s_us + pv_us:.2f} us "
+          f"(mode 4's mix: {(S_FLOP + 2 * PV_FLOP) / per_sm[4] * 1e6:.2f} us); at the dense rate "
+          f"{(S_FLOP + 2 * PV_FLOP) / (rate / sms) * 1e6:.2f} us")
+
+if __name__ == "__main__":
+    main(*(int(x) for x in sys.argv[1:2]))
