@@ -14,12 +14,6 @@ class UserError(Exception):
     """
 
 
-def need(cond: bool, exc: type, msg: str) -> None:
-    """Raise ``exc(msg)`` unless ``cond``."""
-    if not cond:
-        raise exc(msg)
-
-
 def check_storage(name: str, t) -> None:
     """``t`` is a torch tensor with data (not on the meta device) that does not require grad.
 
@@ -61,5 +55,5 @@ def check_token_ids(name: str, t: torch.Tensor, low: int = 0) -> None:
     if t.numel() == 0:
         return
     lo, hi = int(t.min()), int(t.max())
-    need(low <= lo and hi <= INT32_MAX, ValueError,
-         f"{name}: token ids must lie in {low}..{INT32_MAX} (int32), got values in {lo}..{hi}")
+    if not (low <= lo and hi <= INT32_MAX):
+        raise ValueError(f"{name}: token ids must lie in {low}..{INT32_MAX} (int32), got values in {lo}..{hi}")

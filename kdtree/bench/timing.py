@@ -500,24 +500,32 @@ def time_held(fn: Callable[[], object], *, reps: int = 50, warmup: int = 3, l2: 
     captured in a graph becomes memcpy nodes, which ran at 2.78 TB/s on an H200 where the
     eager copy ran at 4.1-4.2.) ``l2="cold"`` flushes the L2 before each hold. Mode "eager".
     """
-    flush = L2Flush() if l2 == "cold" else None
     warm_up(fn, warmup, sync=True)
-    hold = hold_cycles_for(fn)
+    with QuietGC():
+        return _held(fn, reps, l2, "eager")
+
+
+def _held(call: Callable[[], object], reps: int, l2: str, mode: str, per_call: int = 1) -> Timing:
+    """``reps`` timings of ``call`` (already warm), each queued behind a :func:`hold_device` sized
+    by :func:`hold_cycles_for` (``l2="cold"``: the L2 flushed before each hold), divided by the
+    ``per_call`` calls it makes; summarised with the clocks sampled while it ran."""
+    flush = L2Flush() if l2 == "cold" else None
+    hold = hold_cycles_for(call)
     samples = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with QuietGC(), ClockSampler() as clocks:
+    with ClockSampler() as clocks:
         for i in range(reps):
             if flush is not None:
                 flush()
             hold_device(hold)
             start.record()
-            fn()
+            call()
             end.record()
             if i in (0, reps - 1):   # the call is queued or running: a busy-clock sample
                 clocks.sample()
             end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-    return summarize(samples, "eager", l2, clocks)
+            samples.append(start.elapsed_time(end) * 1e3 / per_call)
+    return summarize(samples, mode, l2, clocks)
 
 
 def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int = 20,
@@ -544,22 +552,6 @@ def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int
     with torch.cuda.graph(graph):
         for _ in range(calls_per_graph):
             fn()
-    flush = L2Flush() if l2 == "cold" else None
     for _ in range(warmup):
         graph.replay()
-    hold = hold_cycles_for(graph.replay)
-    samples = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with ClockSampler() as clocks:
-        for i in range(reps):
-            if flush is not None:
-                flush()
-            hold_device(hold)
-            start.record()
-            graph.replay()
-            end.record()
-            if i in (0, reps - 1):   # the replay is running: a busy-clock sample
-                clocks.sample()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
-    return summarize(samples, "graph", l2, clocks)
+    return _held(graph.replay, reps, l2, "graph", calls_per_graph)
