@@ -109,9 +109,10 @@ __device__ __forceinline__ void pp_owner_softmax(float (&s)[8][4], float mx_lo, 
 // Rescale O by the tile's factors, then issue O += P V over value columns 256 wg .. as one wgmma
 // group, not waited for: k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's 256
 // columns are 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
+template <bool SKIP = true>
 __device__ __forceinline__ void pp_issue_pv(float (&o)[128], float al_lo, float al_hi, att_u64 dP, att_u32 sK,
                                             int wg) {
-  fused_rescale_o(o, al_lo, al_hi);
+  fused_rescale_o<SKIP>(o, al_lo, al_hi);
   wg_pin<128>(o);
   wg_fence();
 #pragma unroll

@@ -106,27 +106,52 @@ __device__ __forceinline__ const long long* fused_vis_row(const long long* vis, 
   return vis + ((size_t)k.b * N + min((k.g0 + r) / H, N - 1)) * W;
 }
 
+// Bit c set when absolute KV position base + c (c in 0..63) is visible to the query whose
+// visibility row is vrow (W words): inside the range end hi = p + N, and in the prefix or a visible
+// tree node. Branch-free apart from the row's (at most two) word loads, so that a tile's masking
+// costs a few dozen instructions; written per element with a load each, ptxas turned the masking
+// into 32 guarded branches that every tile paid for, edge or not (1.2 us of a 2.5 us tile on an
+// H200, traced).
+__device__ __forceinline__ att_u64 att_visible_bits(int base, int p, int hi, const long long* vrow, int W) {
+  const int j0 = base - p;  // tree node of bit 0 (negative: bit 0 lies in the prefix)
+  att_u64 bits;
+  if (j0 >= 0) {
+    const int w = j0 >> 6, sh = j0 & 63;
+    const att_u64 lo = w < W ? (att_u64)vrow[w] : 0ull;
+    const att_u64 up = (sh != 0 && w + 1 < W) ? (att_u64)vrow[w + 1] : 0ull;
+    bits = (lo >> sh) | (sh != 0 ? up << (64 - sh) : 0ull);
+  } else {
+    const int pre = -j0;  // prefix positions at the start of the window
+    bits = pre >= 64 ? ~0ull : (((att_u64)vrow[0]) << pre) | ((1ull << pre) - 1ull);
+  }
+  const int valid = hi - base;
+  return valid >= 64 ? bits : valid <= 0 ? 0ull : bits & ((1ull << valid) - 1ull);
+}
+
 // S of this thread's rows r_lo / r_hi = r_lo + 8 over KV columns col0 + 8 nt + 2 tig + {0, 1}
 // of tile T (NT n8 tiles in the mma / wgmma accumulator layout): scale to the log2 domain, mask
-// keys past the range end or invisible tree rows (only on tiles that reach them), and return
-// the row maxima reduced over the quad.
+// keys past the range end or invisible tree rows (only on tiles that reach them: a warp-uniform
+// branch around att_visible_bits), and return the row maxima reduced over the quad.
 template <int NT>
 __device__ __forceinline__ void fused_scale_mask_max(float (&s)[NT][4], const FusedBlock& k, int T, int col0,
                                                      int tig, const long long* v_lo, const long long* v_hi,
-                                                     float scale_log2, float& mx_lo, float& mx_hi) {
-  const bool edge = (T + FUSED_BN > k.p) || (T + FUSED_BN > k.hi);
+                                                     int W, float scale_log2, float& mx_lo, float& mx_hi) {
+  static_assert(NT <= 8, "a thread's columns span at most 64 positions");
+  if ((T + col0 + 8 * NT > k.p) || (T + col0 + 8 * NT > k.hi)) {
+    const att_u64 m_lo = att_visible_bits(T + col0, k.p, k.hi, v_lo, W) >> (2 * tig);
+    const att_u64 m_hi = att_visible_bits(T + col0, k.p, k.hi, v_hi, W) >> (2 * tig);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!(((e < 2 ? m_lo : m_hi) >> (8 * nt + (e & 1))) & 1ull)) s[nt][e] = ATT_NEG_INF;
+  }
   mx_lo = ATT_NEG_INF;
   mx_hi = ATT_NEG_INF;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[nt][e] *= scale_log2;
-      if (edge) {
-        const int t = T + col0 + 8 * nt + 2 * tig + (e & 1);
-        if (t >= k.hi || !att_kv_visible(t, k.p, e < 2 ? v_lo : v_hi)) s[nt][e] = ATT_NEG_INF;
-      }
-    }
+    for (int e = 0; e < 4; ++e) s[nt][e] *= scale_log2;
     mx_lo = fmaxf(mx_lo, fmaxf(s[nt][0], s[nt][1]));
     mx_hi = fmaxf(mx_hi, fmaxf(s[nt][2], s[nt][3]));
   }
@@ -199,8 +224,13 @@ __device__ __forceinline__ void fused_store_pair(att_bf16* out, float* o_part, c
 }
 
 // Rescale the O rows a thread holds in the wgmma m64n256 accumulator layout (see below) by their
-// online-softmax factors.
+// online-softmax factors. SKIP: skipped by the whole warp when none of its rows' maxima moved
+// (every factor exactly 1, 2^0): past the first tiles most do not, and the 128 multiplies sit
+// between a tile's publish and its P V on the kernels' critical path. (The seesaw kernel passes
+// false: around its schedule the branch made ptxas serialise the wgmmas, C7518.)
+template <bool SKIP = true>
 __device__ __forceinline__ void fused_rescale_o(float (&o)[128], float al_lo, float al_hi) {
+  if (SKIP && !__any_sync(0xffffffffu, al_lo != 1.f || al_hi != 1.f)) return;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     o[4 * j] *= al_lo;

@@ -116,7 +116,7 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
     }
 
     float mx_lo, mx_hi;
-    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * ng, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
+    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * ng, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
     if (tig == 0) {
       sRed[ng * FUSED_BM + r_lo] = mx_lo;
       sRed[ng * FUSED_BM + r_hi] = mx_hi;

@@ -144,7 +144,7 @@ __device__ __forceinline__ void pp_body(const att_bf16* __restrict__ q, const at
       wg_pin<32>(&s[0][0]);
 
       float mx_lo, mx_hi;
-      fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
+      fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
       if (i > 0) nb_sync(PP_NB_FREE + 1 - wg, 256);  // the other warpgroup is done reading P(i - 1)
       pp_owner_softmax(s, mx_lo, mx_hi, l_lo, l_hi, al_lo, al_hi, sM, sAlpha, sP, r_lo, r_hi, tig);
       nb_arrive(PP_NB_PUB + wg, 256);

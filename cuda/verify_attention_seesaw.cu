@@ -140,7 +140,7 @@ struct SeeRole {
 template <int WG>
 __device__ __forceinline__ void see_tiles(float (&o)[128], float& l_lo, float& l_hi, att_u32 sQ, att_u32 sKV,
                                           att_u32 sP, att_u32 sBar, float* sM, float* sAlpha, const FusedBlock& k,
-                                          int n, const long long* v_lo, const long long* v_hi, float scale_log2,
+                                          int n, const long long* v_lo, const long long* v_hi, int W, float scale_log2,
                                           int r_lo, int r_hi, int tig, int wtid) {
   const att_u64 dP = wg_desc(sP, 16, 1024);
   // S of the warpgroup's next own tile (wgmma m64n64 accumulators: n8 tile nt holds rows r_lo /
@@ -164,14 +164,14 @@ __device__ __forceinline__ void see_tiles(float (&o)[128], float& l_lo, float& l
       wg_wait<0>();  // S(i) (the last group this warpgroup issued)
       wg_pin<32>(&s[0][0]);
       float mx_lo, mx_hi, al_lo, al_hi;
-      fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
+      fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
       see_softmax(s, mx_lo, mx_hi, l_lo, l_hi, al_lo, al_hi, sM, sAlpha, r_lo, r_hi, tig);
       if (i > 0) mb_wait(sBar + 8 * (SEE_FREE + 1 - WG), ((i - 1) >> 1) & 1);  // P(i - 1) read by the other
       fused_store_p(s, sP, r_lo, r_hi, 0, tig);
       att_fence_proxy_async();  // P, visible to wgmma
       mb_arrive(sBar + 8 * (SEE_PUB + WG));
       mb_wait(sBar + 8 * (SEE_PUB + WG), par);  // all of this warpgroup's P is written
-      pp_issue_pv(o, al_lo, al_hi, dP, sK, WG);
+      pp_issue_pv<false>(o, al_lo, al_hi, dP, sK, WG);
       wg_wait<0>();
       wg_pin<128>(o);
       if (i + 1 < n) mb_arrive(sBar + 8 * (SEE_FREE + WG));  // P(i) may be overwritten
@@ -186,7 +186,7 @@ __device__ __forceinline__ void see_tiles(float (&o)[128], float& l_lo, float& l
       const float al_lo = sAlpha[r_lo], al_hi = sAlpha[r_hi];
       l_lo *= al_lo;
       l_hi *= al_hi;
-      pp_issue_pv(o, al_lo, al_hi, dP, sK, WG);
+      pp_issue_pv<false>(o, al_lo, al_hi, dP, sK, WG);
       wg_wait<0>();  // S(i + 1) and P V(i) complete
       wg_pin<128>(o);
       mb_arrive(empty);
@@ -244,9 +244,9 @@ __device__ __forceinline__ void see_body(const AttTensorMap* map, const att_bf16
     const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);  // the rows' visibility (masks)
     const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
     if (wg == 0)
-      see_tiles<0>(o, l_lo, l_hi, sQ, sKV, sP, sBar, sM, sAlpha, k, n, v_lo, v_hi, scale_log2, r_lo, r_hi, tig, wtid);
+      see_tiles<0>(o, l_lo, l_hi, sQ, sKV, sP, sBar, sM, sAlpha, k, n, v_lo, v_hi, W, scale_log2, r_lo, r_hi, tig, wtid);
     else
-      see_tiles<1>(o, l_lo, l_hi, sQ, sKV, sP, sBar, sM, sAlpha, k, n, v_lo, v_hi, scale_log2, r_lo, r_hi, tig, wtid);
+      see_tiles<1>(o, l_lo, l_hi, sQ, sKV, sP, sBar, sM, sAlpha, k, n, v_lo, v_hi, W, scale_log2, r_lo, r_hi, tig, wtid);
 
     pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
                      SEE_NB_CONSUMERS);

@@ -43,6 +43,7 @@
 #include "attention_pingpong.cuh"
 #include "attention_tile.cuh"
 #include "attention_wgmma.cuh"
+#include "attention_trace.cuh"
 
 #define TMA_THREADS 384
 #define TMA_PRODUCER_REGS 24
@@ -63,30 +64,51 @@
 // Wait for tile i in its stage; zero its rows past the KV range end (owner warpgroup wg, all 128
 // threads); issue S = Q K^T into s (pp_issue_s: one wgmma group, not waited for).
 __device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV, att_u32 sBar,
-                                       const FusedBlock& k, int i, int wg, int wtid) {
+                                       const FusedBlock& k, int i, int wg, int wtid, AttTrace& tr) {
   const int st = i & 1;
   const att_u32 sK = sKV + st * FUSED_SMEM_KV;
   mb_wait(sBar + 8 * (TMA_FULL + st), (i >> 1) & 1);
+  att_trace_rec(tr, ATT_EV_FULL_WAIT, i);
   const int valid = k.hi - (k.lo + (k.kt0 + i) * FUSED_BN);
   if (valid < FUSED_BN) pp_zero_tail_rows(sK, valid, wtid, sBar + 8 * (TMA_ZERO + wg));
   pp_issue_s(s, sQ, sK);
+  att_trace_rec(tr, ATT_EV_S_ISSUED, i);
 }
 
 // The producer thread: every tile of the split through the two-stage ring.
 __device__ __forceinline__ void tma_produce(const AttTensorMap* map, att_u32 sKV, att_u32 sBar, const FusedBlock& k,
-                                           int S, int n) {
+                                           int S, int n, AttTrace& tr) {
   tma_prefetch_map(map);
+  att_trace_start(tr);
   const int row0 = k.b * S + k.lo + k.kt0 * FUSED_BN;
   for (int i = 0; i < n; ++i) {
     const int st = i & 1;
     if (i >= 2) mb_wait(sBar + 8 * (TMA_EMPTY + st), ((i >> 1) - 1) & 1);  // tile i - 2 released
+    att_trace_rec(tr, ATT_EV_EMPTY_WAIT, i);
     const att_u32 full = sBar + 8 * (TMA_FULL + st), stage = sKV + st * FUSED_SMEM_KV;
     mb_arrive_expect_tx(full, FUSED_SMEM_KV);
 #pragma unroll
     for (int cb = 0; cb < ATT_D_QK / 64; ++cb)
       tma_load_2d(stage + cb * TMA_BOX_BYTES, map, full, 64 * cb, row0 + i * FUSED_BN);
+    att_trace_rec(tr, ATT_EV_TMA_ISSUED, i);
   }
 }
+
+#if defined(ATT_TRACE)
+// The trace's watcher (one thread of the producer warpgroup): when each tile's full barrier
+// completes. It gives up on a wait that outlasts a bounded spin instead of hanging the kernel.
+__device__ __forceinline__ void tma_watch(att_u32 sBar, int n, AttTrace& tr) {
+  att_trace_start(tr);
+  for (int i = 0; i < n; ++i) {
+    att_u32 done = 0;
+    for (int spin = 0; spin < (1 << 22) && !done; ++spin)
+      asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                   : "=r"(done) : "r"(sBar + 8 * (TMA_FULL + (i & 1))), "r"((i >> 1) & 1) : "memory");
+    if (!done) return;
+    att_trace_rec(tr, ATT_EV_LANDED, i);
+  }
+}
+#endif
 
 template <bool EARLY>
 __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16* __restrict__ q,
@@ -124,7 +146,11 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
 
   if (wg == 2) {  // producer warpgroup
     regs_dec<TMA_PRODUCER_REGS>();
-    if (wtid == 0) tma_produce(map, sKV, sBar, k, S, n);
+    AttTrace tr = att_trace_open(2 + (wtid >> 5), (wtid & 31) == 0 && wtid < 64);
+    if (wtid == 0) tma_produce(map, sKV, sBar, k, S, n, tr);
+#if defined(ATT_TRACE)
+    if (wtid == 32) tma_watch(sBar, n, tr);
+#endif
   } else {  // consumer warpgroups
     regs_inc<TMA_CONSUMER_REGS>();
     const int gid = lane >> 2, tig = lane & 3;
@@ -133,6 +159,8 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
     const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
     float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
     pp_consumers_start(o, sQ, q, k, n, tid, TMA_NB_CONSUMERS);
+    AttTrace tr = att_trace_open(wg, wtid == 0);
+    att_trace_start(tr);
     float l_lo = 0.f, l_hi = 0.f;
     const att_u64 dP = wg_desc(sP, 16, 1024);
 
@@ -144,34 +172,46 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
       const att_u32 sK = sKV + st * FUSED_SMEM_KV;
       float al_lo, al_hi;
       if (st == wg) {
-        if (!EARLY || i == 0) tma_qk(s, sQ, sKV, sBar, k, i, wg, wtid);
+        if (!EARLY || i == 0) tma_qk(s, sQ, sKV, sBar, k, i, wg, wtid, tr);
         wg_wait_all();
         wg_pin<32>(&s[0][0]);
+        att_trace_rec(tr, ATT_EV_S_DONE, i);
 
         float mx_lo, mx_hi;
-        fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
+        fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
+        att_trace_rec(tr, ATT_EV_MASKED, i);
         if (i > 0) mb_wait(sBar + 8 * (TMA_FREE + 1 - wg), ((i - 1) >> 1) & 1);  // P(i - 1) read by the other
+        att_trace_rec(tr, ATT_EV_FREE_WAIT, i);
         pp_owner_softmax(s, mx_lo, mx_hi, l_lo, l_hi, al_lo, al_hi, sM, sAlpha, sP, r_lo, r_hi, tig);
         mb_arrive(sBar + 8 * (TMA_PUB + wg));
+        att_trace_rec(tr, ATT_EV_PUB, i);
         mb_wait(sBar + 8 * (TMA_PUB + wg), par);  // all of this warpgroup's P is written
+        att_trace_rec(tr, ATT_EV_PUB_WAIT, i);
       } else {
         // EARLY: S of the next tile (this warpgroup's) runs while the owner of tile i finishes it.
-        if (EARLY && i + 1 < n) tma_qk(s, sQ, sKV, sBar, k, i + 1, wg, wtid);
+        if (EARLY && i + 1 < n) tma_qk(s, sQ, sKV, sBar, k, i + 1, wg, wtid, tr);
         mb_wait(sBar + 8 * (TMA_PUB + st), par);  // P(i), sAlpha, sM of tile i published by its owner
+        att_trace_rec(tr, ATT_EV_PUB_WAIT, i);
         mb_wait(sBar + 8 * (TMA_FULL + st), par);
         al_lo = sAlpha[r_lo];
         al_hi = sAlpha[r_hi];
         l_lo *= al_lo;
         l_hi *= al_hi;
       }
-      pp_pv(o, al_lo, al_hi, dP, sK, wg);  // (EARLY: waits for the next tile's S as well)
+      pp_issue_pv(o, al_lo, al_hi, dP, sK, wg);
+      att_trace_rec(tr, ATT_EV_PV_ISSUED, i);
+      wg_wait_all();  // (EARLY: the next tile's S as well)
+      wg_pin<128>(o);
+      att_trace_rec(tr, ATT_EV_PV_DONE, i);
       if (EARLY) wg_pin<32>(&s[0][0]);
       if (st == wg && i + 1 < n) mb_arrive(sBar + 8 * (TMA_FREE + wg));  // P(i), sAlpha may be overwritten
       mb_arrive(sBar + 8 * (TMA_EMPTY + st));  // this thread's reads of tile i are done
+      att_trace_rec(tr, ATT_EV_EMPTY, i);
     }
 
     pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
                      TMA_NB_CONSUMERS);
+    att_trace_rec(tr, ATT_EV_END, n);
   }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -72,7 +72,7 @@ verify_fused_wgmma(const att_bf16* __restrict__ q, const att_bf16* __restrict__ 
     wg_pin<16>(&s[0][0]);
 
     float mx_lo, mx_hi;
-    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * wg, tig, v_lo, v_hi, scale_log2, mx_lo, mx_hi);
+    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * wg, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
     if (tig == 0) {
       sRed[wg * FUSED_BM + r_lo] = mx_lo;
       sRed[wg * FUSED_BM + r_hi] = mx_hi;

@@ -56,6 +56,9 @@ _SRC_SEESAW = "verify_attention_seesaw"
 FUSED_IMPLS = ("mma", "wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq", "seesaw")
 _WGMMA_IMPLS = ("wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq", "seesaw")  # sm_90a kernels, built by nvcc
 _TMA_MAP_IMPLS = ("tma", "tma_seq", "seesaw")  # take the kv tensor map, 384 threads
+# The fused kernel an sm_90 GPU runs unless told otherwise: the fastest at every shape timed on an
+# H200 once its masking stopped costing half of each tile (docs/perf_log.md, session 10).
+SM90_IMPL = "tma_seq"
 LAYOUTS = ("rows_m", "rows_n")
 _FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/attention_tile.cuh
 _FUSED_THREADS = 256
@@ -176,14 +179,16 @@ def _kernel(name: str, index: int, src: str = _SRC, compiler: str = "nvrtc"):
 
 @functools.lru_cache(maxsize=None)
 def fused_impl(index: int) -> str:
-    """The fused kernel a device runs: ``wgmma`` on sm_90 when nvcc is there, else ``mma``.
+    """The fused kernel a device runs: ``SM90_IMPL`` (``tma_seq``) on sm_90 when nvcc is there,
+    else ``mma``.
 
-    Both passed the GPU suite and compute-sanitizer on an H200; wgmma (sm_90a, built by nvcc)
-    is 1.4x the mma.sync kernel at B=1, N=33, P=4096 (docs/perf_log.md). The environment
-    variable ``KDTREE_FUSED_IMPL`` (one of ``FUSED_IMPLS``) overrides the choice; ``pingpong``
-    and ``pingpong_seq`` (``cuda/verify_attention_pingpong.cu``, sm_90a), ``tma`` and ``tma_seq``
-    (``cuda/verify_attention_tma.cu``, sm_90a) and ``seesaw`` (``cuda/verify_attention_seesaw.cu``,
-    sm_90a) run only when asked.
+    ``tma_seq`` (``cuda/verify_attention_tma.cu``, sm_90a, built by nvcc): two consumer
+    warpgroups taking alternate KV tiles, fed by a TMA producer warpgroup through an mbarrier
+    ring; on an H200 it ran 1.26-1.36x faster than the first wgmma kernel at the four shapes
+    timed (docs/perf_log.md). The environment variable ``KDTREE_FUSED_IMPL`` (one of
+    ``FUSED_IMPLS``) overrides the choice: ``wgmma`` (``cuda/verify_attention_wgmma.cu``),
+    ``pingpong`` and ``pingpong_seq`` (``cuda/verify_attention_pingpong.cu``), ``tma`` and
+    ``seesaw`` (``cuda/verify_attention_seesaw.cu``), all sm_90a, run only when asked.
     """
     import shutil
 
@@ -191,7 +196,7 @@ def fused_impl(index: int) -> str:
     sm90 = torch.cuda.get_device_capability(index) == (9, 0)
     forced = os.environ.get("KDTREE_FUSED_IMPL")
     if forced is None:
-        return "wgmma" if sm90 and have_nvcc else "mma"
+        return SM90_IMPL if sm90 and have_nvcc else "mma"
     if forced not in FUSED_IMPLS:
         raise ValueError(f"KDTREE_FUSED_IMPL: expected one of {FUSED_IMPLS}, got {forced!r}")
     if forced in _WGMMA_IMPLS and not (sm90 and have_nvcc):
@@ -319,7 +324,7 @@ class LaunchPlan:
 
 
 def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int,
-                impl: str = "wgmma", splits: int | None = None, layout: str | None = None) -> LaunchPlan:
+                impl: str | None = None, splits: int | None = None, layout: str | None = None) -> LaunchPlan:
     """The launch plan of a CUDA verify-attention call, computed on the host without a GPU.
 
     Parameters
@@ -332,8 +337,9 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         S, the cache length the kernel walks (``kv.shape[1]``).
     num_sms : int
         Streaming multiprocessors of the device (132 on an H200).
-    impl : str
-        The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``): ``wgmma`` or ``mma``, or the
+    impl : str, optional
+        The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``; default ``SM90_IMPL``, or
+        ``wgmma`` for the rows_n layout): ``wgmma`` or ``mma``, or the
         v5 wgmma kernels ``pingpong`` / ``pingpong_seq``, the v6 ``tma`` / ``tma_seq`` or the v7
         ``seesaw`` (rows_m only).
     splits : int, optional
@@ -352,6 +358,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         return LaunchPlan("naive", "naive", "per_head", 1, 1, 0, 1)
     if variant not in ("fused", "cascade"):
         raise ValueError(f"variant: expected naive, cascade or fused, got {variant!r}")
+    if impl is None:
+        impl = "wgmma" if layout == "rows_n" else SM90_IMPL
     if impl not in FUSED_IMPLS:
         raise ValueError(f"impl: expected one of {FUSED_IMPLS}, got {impl!r}")
     if layout not in (None,) + LAYOUTS:
@@ -390,7 +398,8 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
                                        np.float32(scale_log2)), device=q.device)
         return
     plan = launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=S, num_sms=_num_sms(_index(q.device)),
-                       impl=impl or fused_impl(_index(q.device)), splits=splits, layout=layout)
+                       impl=impl or ("wgmma" if layout == "rows_n" else fused_impl(_index(q.device))),
+                       splits=splits, layout=layout)
     s = plan.splits
     kern = (plan.impl, plan.layout, plan.tile_rows, q, kv, pl, vis, out, lse)
     if plan.partial_slots == 0:

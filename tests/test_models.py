@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from kdtree.attention import launch_plan
+from kdtree.attention import SM90_IMPL, launch_plan
 from kdtree.bench import models, roofline
 from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.models import ATTN_FLOPS_PER_TOKEN as F, KV_ROW_BYTES as ROW
@@ -80,7 +80,7 @@ def test_recorded_splits_and_impl_fix_the_plan():
     one = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096, splits=1)
     assert free.launches == 2 and one.launches == 1 and one.dram_read < free.dram_read
     mma = models.verify_attention_cost("fused_mma", batch=1, nodes=33, heads=64, prefix=4096)
-    assert mma.parts[0].kernel == "verify_fused" and free.parts[0].kernel == "verify_fused_wgmma"
+    assert mma.parts[0].kernel == "verify_fused" and free.parts[0].kernel == f"verify_fused_{SM90_IMPL}"
     row = {"kernel": "verify_attention", "variant": "fused", "q_len": 33, "batch": 1, "heads": 64, "prefix": 4096,
            "splits": 1, "impl": "mma", "layout": "rows_m"}
     c = models.cost_for_row(row)
@@ -91,7 +91,7 @@ def test_recorded_splits_and_impl_fix_the_plan():
     assert pp.flops_exec == free.flops_exec and pp.launches == free.launches
     cols = models.launch_plan_columns("fused", batch=1, nodes=33, heads=64, kv_rows=4129)
     assert cols == {"splits": _plan("fused", 1, 33, 64, 4096).splits, "layout": _plan("fused", 1, 33, 64, 4096).layout,
-                    "impl": "wgmma"}
+                    "impl": SM90_IMPL}
 
 
 def test_naive_rereads_the_latent_per_head_and_query_but_dram_sees_it_once():

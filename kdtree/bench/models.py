@@ -283,8 +283,8 @@ def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sm
     from kdtree.attention import launch_plan
 
     base = "fused" if variant.startswith("fused") else variant
-    if impl is None:
-        impl = "mma" if variant == "fused_mma" else "wgmma"
+    if impl is None and variant == "fused_mma":
+        impl = "mma"
     kw = {} if layout is None else {"layout": layout}
     return launch_plan(base, batch=batch, nodes=nodes, heads=heads, kv_rows=kv_rows, num_sms=num_sms,
                        impl=impl, splits=splits, **kw)

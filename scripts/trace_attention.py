@@ -1,0 +1,161 @@
+"""Where a warp-specialised verify kernel's time goes, tile by tile (GPU host, sm_90a).
+
+Builds ``cuda/verify_attention_tma.cu`` with ``-DATT_TRACE`` (``cuda/attention_trace.cuh``: the
+first 8 blocks record clock64 at every handoff of the consumer warpgroups, the producer and a
+watcher on the full barriers), checks the traced kernel against float64, times it and the
+untraced kernel by CUDA-graph replay (what the trace costs), then runs it once after an L2 flush
+and reads the records back. Prints, per shape, the median of each interval over the blocks'
+steady-state tiles (first and last two left out) and one block's timeline around its middle tile;
+saves the raw records (``trace_<impl>_<B>_<N>_<H>_<P>.npz``) in OUT.
+
+    PYTHONPATH=. python scripts/trace_attention.py OUT [IMPL] [B,N,H,P ...]
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kdtree import attention, kernels
+from kdtree.bench.attention_sweep import SCALE, check, make_sets
+from kdtree.bench.timing import time_graph
+
+EV = ["start", "full_wait", "s_issued", "s_done", "free_wait", "pub", "pub_wait", "pv_issued", "pv_done",
+      "empty", "end", "empty_wait", "tma_issued", "landed", "masked"]
+ROLES = ["wg0", "wg1", "producer", "watcher"]
+BLOCKS, N_REC = 8, 2048   # ATT_TRACE_BLOCKS, ATT_TRACE_N in cuda/attention_trace.cuh
+TRACE = {"ATT_TRACE": 1}
+
+
+def traced_module():
+    """The traced tma module: the same cached instance whose kernels the patched launch runs."""
+    src = attention._SRC_TMA
+    key = hashlib.sha256(kernels.read_source(src).encode()).hexdigest()
+    return kernels._module(src, kernels.define_options(TRACE), "nvcc", "sm_90a", key)
+
+
+def use_trace(on: bool) -> None:
+    """Route the tma kernels' look-up to the traced build (on) or back to the package's."""
+    if not hasattr(attention, "_kernel_untraced"):
+        attention._kernel_untraced = attention._kernel
+
+    def lookup(name, index, src=attention._SRC, compiler="nvrtc"):
+        if src == attention._SRC_TMA:
+            return kernels.get_kernel(src, name, TRACE, device=index, compiler=compiler)
+        return attention._kernel_untraced(name, index, src, compiler)
+
+    attention._kernel = lookup if on else attention._kernel_untraced
+
+
+def read_records(mod) -> list[dict[str, list[tuple[int, str, int]]]]:
+    import cupy
+
+    ptr = mod.get_global("att_trace")
+    raw = cupy.ndarray((BLOCKS, len(ROLES), N_REC, 2), dtype=cupy.uint64, memptr=ptr).get()
+    blocks = []
+    for b in range(BLOCKS):
+        roles = {}
+        for r, name in enumerate(ROLES):
+            recs = [(int(c), EV[int(m >> 32)], int(np.int32(np.uint32(m & 0xFFFFFFFF))))
+                    for c, m in raw[b, r] if c != 0]
+            roles[name] = recs
+        blocks.append(roles)
+    return blocks, raw
+
+
+def intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
+    """Per steady-state tile, the intervals (us) between the handoffs of one block."""
+    at = {}   # (role, event, tile) -> clock
+    for role, recs in roles.items():
+        for c, ev, t in recs:
+            at.setdefault((role, ev, t), c)
+    n = 1 + max((t for (r, ev, t) in at if ev == "tma_issued"), default=-1)
+    us = lambda a, b: (b - a) / mhz
+    out: dict[str, list[float]] = {}
+
+    def put(name, a, b):
+        if a is not None and b is not None:
+            out.setdefault(name, []).append(us(a, b))
+
+    for i in range(2, n - 2):
+        own, oth = f"wg{i & 1}", f"wg{1 - (i & 1)}"
+        g = lambda role, ev, t=i: at.get((role, ev, t))
+        put("load: tma issued -> landed", g("producer", "tma_issued"), g("watcher", "landed"))
+        put("stage wait: both released tile i-2 -> producer sees it",
+            max(filter(None, [g("wg0", "empty", i - 2), g("wg1", "empty", i - 2)]), default=None),
+            g("producer", "empty_wait"))
+        put("owner: S(i) issued -> S(i) done", g(own, "s_issued"), g(own, "s_done"))
+        put("owner: landed -> S(i) issued", g("watcher", "landed"), g(own, "s_issued"))
+        put("owner: S done -> masked (scale, mask, row max)", g(own, "s_done"), g(own, "masked"))
+        put("owner: masked -> free wait done", g(own, "masked"), g(own, "free_wait"))
+        put("owner: free wait -> pub (softmax)", g(own, "free_wait"), g(own, "pub"))
+        put("owner: pub -> own pub wait done", g(own, "pub"), g(own, "pub_wait"))
+        put("owner: own pub wait -> P V(i) issued (rescale O, issue)", g(own, "pub_wait"), g(own, "pv_issued"))
+        put("owner: P V(i) issued -> done", g(own, "pv_issued"), g(own, "pv_done"))
+        put("other: P V(i-1) done -> S(i+1) issued (incl. full wait)", g(oth, "empty", i - 1), g(oth, "s_issued", i + 1))
+        put("other: S(i+1) issued -> pub(i) seen", g(oth, "s_issued", i + 1), g(oth, "pub_wait"))
+        put("other: P V(i) issued -> done (with S(i+1))", g(oth, "pv_issued"), g(oth, "pv_done"))
+        put("tile period (landed i -> landed i+1)", g("watcher", "landed"), g("watcher", "landed", i + 1))
+    return out
+
+
+def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["KDTREE_FUSED_IMPL"] = impl
+    attention.fused_impl.cache_clear()
+    shapes = shapes or ("1,257,64,4096", "16,33,64,16384", "64,9,8,16384")
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(0)
+    for text in shapes:
+        B, N, H, P = (int(x) for x in text.split(","))
+        tree, pl, sets = make_sets(B, N, H, P, 1, dev, gen)
+        q, kv = sets[0]
+        plan = attention.launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=kv.shape[1],
+                                     num_sms=attention._num_sms(0), impl=impl)
+        def run(q=q, kv=kv, pl=pl, tree=tree):
+            return attention.verify_attention(q, kv, pl, tree, SCALE, "fused", check_values=False)
+
+        res = {}
+        for on in (False, True):
+            use_trace(on)
+            rel, _ = check("fused", q, kv, pl, tree)
+            t = time_graph(run, reps=10, calls_per_graph=1, warmup=2, l2="cold")
+            res[on] = t
+            print(f"{impl} B={B} N={N} H={H} P={P} splits={plan.splits} {'traced' if on else 'plain '}: "
+                  f"{t.median_us:8.1f} us [{t.p20_us:.1f}, {t.p80_us:.1f}] at {t.sm_clock_mhz:.0f} MHz, rel err {rel:.1e}")
+        mod = traced_module()
+        import cupy
+        cupy.cuda.runtime.memset(int(mod.get_global("att_trace").ptr), 0, BLOCKS * len(ROLES) * N_REC * 16)
+        flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+        flush.zero_()
+        run()
+        torch.cuda.synchronize()
+        use_trace(False)
+        blocks, raw = read_records(mod)
+        np.savez_compressed(out / f"trace_{impl}_{B}_{N}_{H}_{P}.npz", raw=raw, mhz=res[True].sm_clock_mhz)
+        mhz = res[True].sm_clock_mhz
+        merged: dict[str, list[float]] = {}
+        for roles in blocks:
+            for k, v in intervals(roles, mhz).items():
+                merged.setdefault(k, []).extend(v)
+        print(f"  steady-state tiles of {BLOCKS} blocks, median [p10, p90] us at {mhz:.0f} MHz:")
+        for k, v in merged.items():
+            a = np.array(v)
+            print(f"    {k:58s} {np.median(a):7.3f} [{np.percentile(a, 10):.3f}, {np.percentile(a, 90):.3f}]  n={a.size}")
+        roles = blocks[0]
+        t0 = min(c for recs in roles.values() for c, _, _ in recs)
+        n = 1 + max((t for c, ev, t in roles["producer"] if ev == "tma_issued"), default=0)
+        mid = n // 2
+        print(f"  block 0, tiles {mid - 1}..{mid + 1} of {n} (us from the block's first record):")
+        evs = sorted((c, r, ev, t) for r, recs in roles.items() for c, ev, t in recs if mid - 1 <= t <= mid + 1)
+        for c, r, ev, t in evs:
+            print(f"    {(c - t0) / mhz:9.3f}  {r:8s} {ev:11s} tile {t}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
