@@ -9,6 +9,9 @@ steady-state tiles (first and last two left out) and one block's timeline around
 saves the raw records (``trace_<impl>_<B>_<N>_<H>_<P>.npz``) in OUT.
 
     PYTHONPATH=. python scripts/trace_attention.py OUT [IMPL] [B,N,H,P ...]
+
+``DEFINES="TMA_ISSUERS=9,..."`` builds both kernels with those defines as well (a variant under
+trial); ``TRACE=0`` only checks and times the plain build.
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ EV = ["start", "full_wait", "s_issued", "s_done", "free_wait", "pub", "pub_wait"
       "empty", "end", "empty_wait", "tma_issued", "landed", "masked"]
 ROLES = ["wg0", "wg1", "producer", "watcher"]
 BLOCKS, N_REC = 8, 2048   # ATT_TRACE_BLOCKS, ATT_TRACE_N in cuda/attention_trace.cuh
-TRACE = {"ATT_TRACE": 1}
+EXTRA = dict(kv.split("=", 1) for kv in os.environ.get("DEFINES", "").split(",") if kv)
+TRACE = {"ATT_TRACE": 1, **EXTRA}
 
 
 def traced_module():
@@ -43,12 +47,12 @@ def use_trace(on: bool) -> None:
     if not hasattr(attention, "_kernel_untraced"):
         attention._kernel_untraced = attention._kernel
 
-    def lookup(name, index, src=attention._SRC, compiler="nvrtc"):
-        if src == attention._SRC_TMA:
-            return kernels.get_kernel(src, name, TRACE, device=index, compiler=compiler)
+    def lookup(name, index, src=attention._SRC, compiler="nvrtc", defines=TRACE if on else EXTRA):
+        if src == attention._SRC_TMA and defines:
+            return kernels.get_kernel(src, name, defines, device=index, compiler=compiler)
         return attention._kernel_untraced(name, index, src, compiler)
 
-    attention._kernel = lookup if on else attention._kernel_untraced
+    attention._kernel = lookup
 
 
 def read_records(mod) -> list[dict[str, list[tuple[int, str, int]]]]:
@@ -121,13 +125,15 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
             return attention.verify_attention(q, kv, pl, tree, SCALE, "fused", check_values=False)
 
         res = {}
-        for on in (False, True):
+        for on in (False, True)[:1 + (os.environ.get("TRACE", "1") != "0")]:
             use_trace(on)
             rel, _ = check("fused", q, kv, pl, tree)
             t = time_graph(run, reps=10, calls_per_graph=1, warmup=2, l2="cold")
             res[on] = t
-            print(f"{impl} B={B} N={N} H={H} P={P} splits={plan.splits} {'traced' if on else 'plain '}: "
+            print(f"{impl} {EXTRA or ''} B={B} N={N} H={H} P={P} splits={plan.splits} {'traced' if on else 'plain '}: "
                   f"{t.median_us:8.1f} us [{t.p20_us:.1f}, {t.p80_us:.1f}] at {t.sm_clock_mhz:.0f} MHz, rel err {rel:.1e}")
+        if True not in res:
+            continue
         mod = traced_module()
         import cupy
         cupy.cuda.runtime.memset(int(mod.get_global("att_trace").ptr), 0, BLOCKS * len(ROLES) * N_REC * 16)
