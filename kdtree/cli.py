@@ -7,7 +7,7 @@
     kdtree report <run-id> [--png]                                   reports/<run-id>/index.html
     kdtree compare <run-a> <run-b>                                   regression report of two runs
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
-    kdtree profile [--out DIR] [--points FILE.json] [--full]         kernels under Nsight Compute vs the cost model
+    kdtree profile [--out DIR] [--points FILE.json|JSON] [--full]    kernels under Nsight Compute vs the cost model
 
 A mistake in what was asked (a bad argument or file, a missing run) prints one line
 "kdtree: error: ..." and exits with status 2; --debug (anywhere on the line) adds the traceback.
@@ -128,12 +128,19 @@ def _compare(args) -> int:
 
 def _profile(args) -> int:
     import json
+    from pathlib import Path
 
     import pandas as pd
 
     from kdtree.bench.counters import compare, default_points, profile
 
-    points = json.loads(open(args.points).read()) if args.points else default_points(quick=not args.full)
+    points = default_points(quick=not args.full)
+    if args.points:  # a JSON file, or the list itself
+        text = args.points if args.points.lstrip()[:1] in ("[", "{") else Path(args.points).read_text()
+        try:
+            points = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--points: not a JSON list of points ({e})") from None
     try:
         joined = profile(points, args.out)
     except RuntimeError as exc:
@@ -222,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="every kernel under Nsight Compute, joined to the cost model (GPU host)")
     pr.add_argument("--out", default="results/counters", help="folder for the report, raw CSV and table")
-    pr.add_argument("--points", default=None, help="JSON list of points (default: kdtree.bench.counters.default_points)")
+    pr.add_argument("--points", default=None, help="a JSON file holding a list of points, or the list itself "
+                    "(default: kdtree.bench.counters.default_points)")
     pr.add_argument("--full", action="store_true", help="the larger default point set (N=257 too)")
     pr.set_defaults(func=_profile)
 

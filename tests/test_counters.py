@@ -194,3 +194,35 @@ def test_dram_model_meets_the_counters_where_it_can_and_says_why_where_not(l2_ch
     assert n257["flag"] == "over" and "written back to DRAM" in n257["note"]
     ok = d.drop(index=[("fused", 1, 257)])
     assert (ok["flag"] == "").all() and "model" not in l2_check.columns and "modelled" in l2_check.columns
+
+
+@pytest.mark.parametrize("arg, message", [
+    ('[{"kernel": "nope"}]', "points: kernel 'nope' is not profiled"),
+    ('[{"kernel": "verify_attention", "variant": "fusd", "batch": 1, "q_len": 33, "heads": 64, "prefix": 4096}]',
+     "variant 'fusd'"),
+    ('{"kernel": "verify_attention"}', "points: expected a list of point objects"),
+    ("[1, 2", "--points: not a JSON list of points"),
+    ("missing_points.json", "missing_points.json: No such file or directory"),
+])
+def test_profile_cli_refuses_bad_points_in_one_line(arg, message, capsys, tmp_path, monkeypatch):
+    """`kdtree profile --points` takes a file or the JSON list itself; a bad one is one line naming
+    what is wrong, before anything runs (no GPU needed to be told)."""
+    from kdtree.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["profile", "--out", str(tmp_path / "out"), "--points", arg]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kdtree: error: ") and message in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_profile_cli_reads_points_from_a_file(tmp_path, capsys, monkeypatch):
+    """A points file is read and checked; on a machine without a GPU the run then stops at the GPU check."""
+    from kdtree.cli import main
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    f = tmp_path / "points.json"
+    f.write_text(json.dumps([{"kernel": "verify_attention", "variant": "fused", "batch": 1, "q_len": 33, "heads": 8,
+                              "prefix": 64}]))
+    assert main(["profile", "--out", str(tmp_path / "out"), "--points", str(f)]) == 1
+    assert "no CUDA GPU here" in capsys.readouterr().err

@@ -465,6 +465,8 @@ def profile(points=None, out_dir: str | Path = "results/counters", *, ncu: str |
 
     Raises
     ------
+    ValueError
+        A point that names an unknown kernel or variant or lacks a parameter (checked first).
     RuntimeError
         Without a CUDA GPU or without ncu, or when ncu fails (its output is in the message).
     """
@@ -472,12 +474,14 @@ def profile(points=None, out_dir: str | Path = "results/counters", *, ncu: str |
 
     from kdtree.bench.results import run_metadata, save_table
 
+    if not isinstance(points, (list, type(None))) or not all(isinstance(p, dict) for p in points or []):
+        raise ValueError("points: expected a list of point objects ({\"kernel\": ..., \"variant\": ..., ...})")
+    points = [_check_point(p) for p in (points or default_points())]
     if not torch.cuda.is_available():
         raise RuntimeError("counters: no CUDA GPU here; Nsight Compute counters need the GPU host")
     ncu = ncu or find_ncu()
     if ncu is None:
         raise RuntimeError("counters: Nsight Compute (ncu) not found on PATH or in /usr/local/cuda/bin")
-    points = [_check_point(p) for p in (points or default_points())]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = out / "plan.json"
