@@ -1,6 +1,5 @@
-// The alternate-tile ping-pong of two consumer warpgroups that the v5 kernels
-// (verify_attention_pingpong.cu: named-barrier handoffs, cp.async loads) and the v6 kernels
-// (verify_attention_tma.cu: mbarrier handoffs, TMA loads) share. Tile i of a split is owned by
+// The alternate-tile ping-pong of two consumer warpgroups in the TMA kernels
+// (verify_attention_tma.cu; wgmma_probe.cu times its two wgmma steps). Tile i of a split is owned by
 // warpgroup i & 1, which computes S of all 64 rows x 64 KV columns, the masked online softmax of
 // whole rows, and publishes P (one shared tile), the running row max sM and the row rescale
 // sAlpha; both warpgroups then accumulate O += P V over their own 256 value columns. These are
@@ -109,10 +108,9 @@ __device__ __forceinline__ void pp_owner_softmax(float (&s)[8][4], float mx_lo, 
 // Rescale O by the tile's factors, then issue O += P V over value columns 256 wg .. as one wgmma
 // group, not waited for: k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's 256
 // columns are 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
-template <bool SKIP = true>
 __device__ __forceinline__ void pp_issue_pv(float (&o)[128], float al_lo, float al_hi, att_u64 dP, att_u32 sK,
                                             int wg) {
-  fused_rescale_o<SKIP>(o, al_lo, al_hi);
+  fused_rescale_o(o, al_lo, al_hi);
   wg_pin<128>(o);
   wg_fence();
 #pragma unroll
@@ -121,12 +119,6 @@ __device__ __forceinline__ void pp_issue_pv(float (&o)[128], float al_lo, float 
   wg_commit();
 }
 
-// pp_issue_pv, waited for (with any wgmma group issued before it).
-__device__ __forceinline__ void pp_pv(float (&o)[128], float al_lo, float al_hi, att_u64 dP, att_u32 sK, int wg) {
-  pp_issue_pv(o, al_lo, al_hi, dP, sK, wg);
-  wg_wait_all();
-  wg_pin<128>(o);
-}
 
 // A warpgroup's partial row sums, reduced over the quad, into sRed [wg][BM]; the caller syncs both
 // warpgroups before fused_store_o_half / fused_store_lse read them.

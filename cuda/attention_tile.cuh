@@ -224,13 +224,12 @@ __device__ __forceinline__ void fused_store_pair(att_bf16* out, float* o_part, c
 }
 
 // Rescale the O rows a thread holds in the wgmma m64n256 accumulator layout (see below) by their
-// online-softmax factors. SKIP: skipped by the whole warp when none of its rows' maxima moved
-// (every factor exactly 1, 2^0): past the first tiles most do not, and the 128 multiplies sit
-// between a tile's publish and its P V on the kernels' critical path. (The seesaw kernel passes
-// false: around its schedule the branch made ptxas serialise the wgmmas, C7518.)
-template <bool SKIP = true>
+// online-softmax factors. Skipped by the whole warp when none of its rows' maxima moved (every factor
+// exactly 1, 2^0): past the first tiles most do not, and the 128 multiplies sit between a tile's
+// publish and its P V on the kernels' critical path. (Around the retired v7 schedule this branch
+// made ptxas serialise the wgmmas, C7518: the register test would say so.)
 __device__ __forceinline__ void fused_rescale_o(float (&o)[128], float al_lo, float al_hi) {
-  if (SKIP && !__any_sync(0xffffffffu, al_lo != 1.f || al_hi != 1.f)) return;
+  if (!__any_sync(0xffffffffu, al_lo != 1.f || al_hi != 1.f)) return;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     o[4 * j] *= al_lo;

@@ -24,11 +24,6 @@ __device__ __forceinline__ att_u64 wg_desc(att_u32 addr, att_u32 lbo, att_u32 sb
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Wait until at most N of this warpgroup's committed wgmma groups are pending (the oldest complete first).
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
 
 // Keeps the compiler from touching accumulator registers across wgmma.wait / wgmma.fence.
 template <int COUNT>
@@ -100,11 +95,6 @@ __device__ __forceinline__ void wg_m64n256k16_tb(float* d, att_u64 da, att_u64 d
 __device__ __forceinline__ void mb_init(att_u32 bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-// Arrive on `bar` once every cp.async this thread issued so far has landed; the arrival counts
-// toward the barrier's expected count (.noinc), and the thread does not wait.
-__device__ __forceinline__ void mb_arrive_cp_async(att_u32 bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 // Wait until the phase of `bar` with this parity has completed.
 __device__ __forceinline__ void mb_wait(att_u32 bar, int parity) {
   asm volatile(
@@ -114,12 +104,9 @@ __device__ __forceinline__ void mb_wait(att_u32 bar, int parity) {
       "r"(parity)
       : "memory");
 }
-// Named barrier `id` over `count` threads: wait for all of them, or only signal arrival.
+// Named barrier `id` over `count` threads: wait for all of them.
 __device__ __forceinline__ void nb_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void nb_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // The TMA / mbarrier-ring primitives of the v6 kernel (verify_attention_tma.cu).

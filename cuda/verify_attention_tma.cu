@@ -1,12 +1,12 @@
-// verify_fused on wgmma (sm_90a), v6: v5's alternate-tile ping-pong of two consumer warpgroups
-// (cuda/verify_attention_pingpong.cu), fed by a producer warpgroup through the copy engine (TMA)
+// verify_fused on wgmma (sm_90a), v6: an alternate-tile ping-pong of two consumer warpgroups
+// (cuda/attention_pingpong.cuh), fed by a producer warpgroup through the copy engine (TMA)
 // and synchronised by mbarriers only. Same function, block tile (64 rows x 64 KV rows), Q / KV
 // shared-memory layout, split/partial protocol and combine as verify_fused_wgmma; one extra
 // argument, the tensor map of kv viewed as a [B S, 576] bf16 matrix (box 64 rows x 64 columns,
 // 128-byte swizzle: a box lands as one k-block of the K-major SW128 tile the wgmma descriptors
 // read). Built with nvcc for sm_90a, empty elsewhere.
 //
-// 384 threads: warpgroups 0 and 1 consume (v5's roles), warpgroup 2 produces. setmaxnreg moves
+// 384 threads: warpgroups 0 and 1 consume, warpgroup 2 produces. setmaxnreg moves
 // registers from the producer (24) to the consumers (240).
 //
 // Producer (one thread): tile i of the split goes to KV stage i & 1: wait until both consumers
@@ -217,8 +217,8 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // EARLY = true (verify_fused_tma): a warpgroup issues S of its next tile before the O += P V of the
-// other warpgroup's tile (v5's pingpong order). EARLY = false (verify_fused_tma_seq): S of a tile
-// only after the previous tile's O += P V (v5's pingpong_seq order). kv itself is read only
+// other warpgroup's tile. EARLY = false (verify_fused_tma_seq, the default on sm_90): S of a tile
+// only after the previous tile's O += P V. kv itself is read only
 // through `map` (the argument stays for the common launch protocol).
 #define TMA_ENTRY(NAME, EARLY)                                                                                 \
   extern "C" __global__ void __launch_bounds__(TMA_THREADS, 1)                                               \

@@ -11,19 +11,15 @@ Variants (all selectable by name, see ``verify_attention``):
   only, then an lse merge: the two-pass scheme serving stacks use.
 * ``fused``: one pass over each latent row per tile of (query, head) rows on bf16 tensor cores,
   the ancestor mask applied in the same pass, long prefixes split across SMs and merged. On
-  sm_90 with nvcc it runs the wgmma kernel (sm_90a) with the rows on the tile's M dimension, 64
-  per block (``cuda/verify_attention_wgmma.cu``); elsewhere the mma.sync kernel
-  (``cuda/verify_attention.cu``, NVRTC). A transposed wgmma kernel (KV tokens on M, the rows on N
-  in 8-row groups: ``cuda/verify_attention_rows_n.cu``) runs when ``launch_plan`` is told
-  ``layout="rows_n"``; measured slower, it is never chosen by default. The v5 kernels
-  (``impl="pingpong"`` / ``"pingpong_seq"``, ``cuda/verify_attention_pingpong.cu``) give each
-  warpgroup alternate KV tiles for S at the full tile width and hand P over through shared
-  memory with named barriers. The v6 kernels (``impl="tma"`` / ``"tma_seq"``,
-  ``cuda/verify_attention_tma.cu``) run v5's tile order fed by a producer warpgroup through the
-  copy engine (TMA, a tensor map of kv encoded on the host: ``kdtree.tensor_map``), with every
-  handoff on mbarriers; the v7 kernel (``impl="seesaw"``, ``cuda/verify_attention_seesaw.cu``) the
-  same tiles with per-box load barriers, per-half stage release and P V issued before the next S;
-  opt-in only. ``launch_plan`` says what runs, per shape.
+  sm_90 with nvcc it runs ``tma_seq`` (``cuda/verify_attention_tma.cu``, sm_90a): 64 rows per
+  block on the tile's M dimension, two consumer warpgroups taking alternate KV tiles for S at the
+  full tile width and handing P over through shared memory, fed by a producer warpgroup through
+  the copy engine (TMA, a tensor map of kv encoded on the host: ``kdtree.tensor_map``), every
+  handoff on mbarriers; ``tma`` issues a warpgroup's next S before the other's P V. Elsewhere the
+  mma.sync kernel (``cuda/verify_attention.cu``, NVRTC). The first wgmma kernel (``impl="wgmma"``,
+  ``cuda/verify_attention_wgmma.cu``) and a transposed one (KV tokens on M, the rows on N in
+  8-row groups: ``cuda/verify_attention_rows_n.cu``, ``layout="rows_n"``) run only when asked.
+  ``launch_plan`` says what runs, per shape.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 """
 from __future__ import annotations
@@ -50,12 +46,10 @@ CUDA_VARIANTS = ("naive", "cascade", "fused")
 _SRC = "verify_attention"
 _SRC_WGMMA = "verify_attention_wgmma"
 _SRC_ROWS_N = "verify_attention_rows_n"
-_SRC_PINGPONG = "verify_attention_pingpong"
 _SRC_TMA = "verify_attention_tma"
-_SRC_SEESAW = "verify_attention_seesaw"
-FUSED_IMPLS = ("mma", "wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq", "seesaw")
-_WGMMA_IMPLS = ("wgmma", "pingpong", "pingpong_seq", "tma", "tma_seq", "seesaw")  # sm_90a kernels, built by nvcc
-_TMA_MAP_IMPLS = ("tma", "tma_seq", "seesaw")  # take the kv tensor map, 384 threads
+FUSED_IMPLS = ("mma", "wgmma", "tma", "tma_seq")
+_WGMMA_IMPLS = ("wgmma", "tma", "tma_seq")  # sm_90a kernels, built by nvcc
+_TMA_MAP_IMPLS = ("tma", "tma_seq")  # take the kv tensor map, 384 threads
 # The fused kernel an sm_90 GPU runs unless told otherwise: the fastest at every shape timed on an
 # H200 once its masking stopped costing half of each tile (docs/perf_log.md, session 10).
 SM90_IMPL = "tma_seq"
@@ -69,15 +63,9 @@ _FUSED_SMEM = _TILE_BYTES + 3 * _FUSED_BM * 4 + 1024
 # (RN_SMEM_BYTES); a block holds at most 64 rows, in 8-row groups.
 _RN_SMEM = _TILE_BYTES + 2 * 4 * 32 * 4 + 1024
 _RN_MAX_ROWS = 64
-# pingpong (cuda/verify_attention_pingpong.cu): the same tiles with fp32 rows [4][BM] and four
-# 8-byte mbarriers (PP_SMEM_BYTES).
-_PP_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 4 * 8 + 1024
 # tma (cuda/verify_attention_tma.cu): the same with ten mbarriers (TMA_SMEM_BYTES), 384 threads
 # (a producer warpgroup after the two consumer warpgroups).
 _TMA_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 10 * 8 + 1024
-# seesaw (cuda/verify_attention_seesaw.cu): the same with 28 mbarriers (SEE_SMEM_BYTES): one per
-# KV box and stage, one per stage half, pub / free / zero per warpgroup.
-_SEESAW_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 28 * 8 + 1024
 _TMA_THREADS = 384
 _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634
@@ -186,9 +174,8 @@ def fused_impl(index: int) -> str:
     warpgroups taking alternate KV tiles, fed by a TMA producer warpgroup through an mbarrier
     ring; on an H200 it ran 1.26-1.36x faster than the first wgmma kernel at the four shapes
     timed (docs/perf_log.md). The environment variable ``KDTREE_FUSED_IMPL`` (one of
-    ``FUSED_IMPLS``) overrides the choice: ``wgmma`` (``cuda/verify_attention_wgmma.cu``),
-    ``pingpong`` and ``pingpong_seq`` (``cuda/verify_attention_pingpong.cu``), ``tma`` and
-    ``seesaw`` (``cuda/verify_attention_seesaw.cu``), all sm_90a, run only when asked.
+    ``FUSED_IMPLS``) overrides the choice: ``wgmma`` (``cuda/verify_attention_wgmma.cu``) and
+    ``tma``, both sm_90a, run only when asked.
     """
     import shutil
 
@@ -260,24 +247,19 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
         launch(fn, grid, (_FUSED_THREADS,), args + (np.int32(tile_rows), np.float32(scale_log2)),
                shared_mem=_RN_SMEM, device=q.device)
         return
-    smem = _FUSED_SMEM
     if impl in _TMA_MAP_IMPLS:
         from kdtree.tensor_map import bf16_matrix_map
 
-        src, smem = (_SRC_SEESAW, _SEESAW_SMEM) if impl == "seesaw" else (_SRC_TMA, _TMA_SMEM)
-        fn = _kernel(f"verify_fused_{impl}", _index(q.device), src, "nvcc")
+        fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_TMA, "nvcc")
         args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK,
                                                           _FUSED_BN, 64))
-        launch(fn, grid, (_TMA_THREADS,), args, shared_mem=smem, device=q.device)
+        launch(fn, grid, (_TMA_THREADS,), args, shared_mem=_TMA_SMEM, device=q.device)
         return
     if impl == "wgmma":
         fn = _kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc")
-    elif impl in ("pingpong", "pingpong_seq"):
-        fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_PINGPONG, "nvcc")
-        smem = _PP_SMEM
     else:
         fn = _kernel("verify_fused", _index(q.device))
-    launch(fn, grid, (_FUSED_THREADS,), args + (np.float32(scale_log2),), shared_mem=smem, device=q.device)
+    launch(fn, grid, (_FUSED_THREADS,), args + (np.float32(scale_log2),), shared_mem=_FUSED_SMEM, device=q.device)
 
 
 def _launch_combine(o_part, lse_part, out, lse):
@@ -339,9 +321,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         Streaming multiprocessors of the device (132 on an H200).
     impl : str, optional
         The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``; default ``SM90_IMPL``, or
-        ``wgmma`` for the rows_n layout): ``wgmma`` or ``mma``, or the
-        v5 wgmma kernels ``pingpong`` / ``pingpong_seq``, the v6 ``tma`` / ``tma_seq`` or the v7
-        ``seesaw`` (rows_m only).
+        ``wgmma`` for the rows_n layout): ``tma_seq`` / ``tma`` (rows_m only), ``wgmma`` or ``mma``.
     splits : int, optional
         Force the KV split count (default: ``choose_splits``).
     layout : str, optional

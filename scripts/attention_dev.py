@@ -63,15 +63,13 @@ def cost(B, N, H, P, tree) -> tuple[float, float]:
 
 def configs(B, N, H, P, sms, sweep_splits):
     """(label, variant, impl, layout, splits) to time at a shape: the automatic plan, the wgmma
-    kernel in each layout, the v5 pingpong kernels, cascade, and with ``sweep_splits`` split
+    kernel in each layout, the tma kernel (the default is tma_seq), cascade, and with ``sweep_splits`` split
     counts around the chosen one."""
     auto = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms)
     out = [("fused", "fused", None, None, None), ("fused_rows_m", "fused", "wgmma", "rows_m", None)]
     if auto.layout != "rows_n":
         out.append(("fused_rows_n", "fused", "wgmma", "rows_n", None))
-    out += [("fused_pingpong", "fused", "pingpong", None, None),
-            ("fused_pingpong_seq", "fused", "pingpong_seq", None, None),
-            ("cascade", "cascade", None, None, None)]
+    out += [("fused_tma", "fused", "tma", None, None), ("cascade", "cascade", None, None, None)]
     if sweep_splits:
         for s in sorted({max(1, auto.splits // 2), auto.splits * 2, auto.splits + 1} - {auto.splits}):
             out.append((f"fused_s{s}", "fused", None, None, s))

@@ -3,8 +3,7 @@
 # kernels at the development shapes (scripts/attention_dev.py), compute-sanitizer (memcheck,
 # racecheck, synccheck) per kernel, the GPU tests; a short table last. Logs under $OUT (default
 # /tmp/gpu_attention): selfcheck.log, dev.log, dev.csv, sanitizer.log, gpu_tests.log.
-#   SANITIZE="pingpong rows_n wgmma mma"  kernels to sanitize, in order (default: these; also
-#                                pingpong_seq)
+#   SANITIZE="tma_seq rows_n wgmma mma"  kernels to sanitize, in order (default: these; also tma)
 #   BUDGET=420                   seconds; a step that would start past it is skipped (and says so)
 #   DEV_ARGS=--splits            extra arguments of attention_dev.py
 #   TESTS_K="not sanitizer"      pytest -k expression of the GPU tests
@@ -35,7 +34,7 @@ have 60 timing && timeout $((BUDGET - SECONDS - 30)) python3 scripts/attention_d
   $DEV_ARGS >> "$OUT/dev.log" 2>&1
 echo "timing done at ${SECONDS}s (rc $?)"
 : > "$OUT/sanitizer.log"
-for kernel in ${SANITIZE:-pingpong rows_n wgmma mma}; do
+for kernel in ${SANITIZE:-tma_seq rows_n wgmma mma}; do
   for tool in memcheck racecheck synccheck; do
     have 40 "$tool $kernel" || continue
     echo "== $tool $kernel" >> "$OUT/sanitizer.log"

@@ -7,22 +7,21 @@
 # last sequence) before it is timed; a short table last. Logs and the table's CSV under $OUT
 # (default /tmp/gpu_new_kernel): gpu_tests.log, sanitizer.log, timing.csv, timing.log.
 #   NEW="tma tma_seq"   the kernels under test (impl names; tests/sanitize_attention.py's names)
-#   BASE="wgmma pingpong pingpong_seq"   the kernels timed beside them (kept if a new one hangs)
+#   BASE="wgmma"   the kernels timed beside them (kept if a new one hangs)
 #   TESTS_K="(-tma- or -tma_seq- or test_tma_) and not sanitizer"   pytest -k of the new kernels'
 #                  GPU tests ("tma" alone would match every marked test through "pytestmark")
 #   BUDGET=190     seconds; a step that would start past it is skipped (and says so)
 #   TIMING_S=50    seconds of the budget kept for the timing (a sanitizer run is cut short for it)
 #   SHAPES="1,33,64,4096;16,33,64,16384;1,257,64,4096;64,9,8,16384"   B,N,H,P of the timing
 # Usage: bash scripts/gpu_new_kernel.sh   (the v6 kernels)
-#        NEW=seesaw BASE="wgmma pingpong pingpong_seq tma" TESTS_K="seesaw and not sanitizer" \
-#          bash scripts/gpu_new_kernel.sh   (the v7 kernel)
+#        NEW=tma_seq BASE="wgmma tma" TESTS_K="tma_seq and not sanitizer" bash scripts/gpu_new_kernel.sh
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-/tmp/gpu_new_kernel}
 BUDGET=${BUDGET:-190}
 NEW=${NEW:-"tma tma_seq"}
-BASE=${BASE:-"wgmma pingpong pingpong_seq"}
+BASE=${BASE:-"wgmma"}
 TESTS_K=${TESTS_K:-"(-tma- or -tma_seq- or test_tma_) and not sanitizer"}
 mkdir -p "$OUT"
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite in one call on a GPU host: every GPU test (compute-sanitizer runs included),
 # the attention tests again with every fused call on an opt-in kernel (EXTRA_IMPL, default
-# pingpong_seq; none skips it), then the tree benchmark (TREE_BENCH=0 skips it).
+# tma; none skips it), then the tree benchmark (TREE_BENCH=0 skips it).
 # Usage: [SUITE_SKIP=regex] bash scripts/gpu_suite.sh [OUT_DIR]; logs and tables land in OUT_DIR.
 # SUITE_SKIP: GPU tests whose node ids match this extended regex are deselected (e.g. "tma" leaves
 # out a kernel that has not run on a GPU yet); the log's first line says so and how many. (Not
@@ -19,7 +19,7 @@ fi
 { [ -z "${SUITE_SKIP:-}" ] || echo "GPU tests matching /$SUITE_SKIP/ deselected: ${#ids[@]}"
   timeout 400 python3 -m pytest -q -m gpu "${skip[@]}" tests 2>&1; } | tee "$out/gpu_tests.log" \
     | grep -vE "Warning|warn|^  " | tail -12
-extra=${EXTRA_IMPL:-pingpong_seq}   # EXTRA_IMPL=none skips this pass
+extra=${EXTRA_IMPL:-tma}   # EXTRA_IMPL=none skips this pass
 if [ "$extra" != none ]; then
     KDTREE_FUSED_IMPL=$extra timeout 200 python3 -m pytest -q -m gpu -k "not sanitizer" tests/test_attention.py \
         2>&1 | tee "$out/gpu_tests_$extra.log" | tail -4

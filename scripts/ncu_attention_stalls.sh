@@ -2,12 +2,12 @@
 # Where the fused verify kernels' warps wait: Nsight Compute's warp-state sampling (WarpStateStats,
 # SourceCounters) of one call per kernel at one shape, ranked per opcode, per SASS line and per
 # stall reason (scripts/ncu_rank.py). One ncu process per kernel, so each report holds one kernel.
-#   SHAPE=1,257,64,4096  IMPLS="tma seesaw pingpong"  OUT=/tmp/ncu_stalls  bash scripts/ncu_attention_stalls.sh
+#   SHAPE=1,257,64,4096  IMPLS="tma_seq tma"  OUT=/tmp/ncu_stalls  bash scripts/ncu_attention_stalls.sh
 # Writes $OUT/<impl>_source.csv, <impl>_raw.csv and stalls.txt (the ranking).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-OUT=${OUT:-/tmp/ncu_stalls}; SHAPE=${SHAPE:-1,257,64,4096}; IMPLS=${IMPLS:-"tma seesaw pingpong"}
+OUT=${OUT:-/tmp/ncu_stalls}; SHAPE=${SHAPE:-1,257,64,4096}; IMPLS=${IMPLS:-"tma_seq tma"}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 for impl in $IMPLS; do

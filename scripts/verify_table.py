@@ -8,7 +8,7 @@ before each replay: cold L2), every configuration checked against the float64 re
 first and the last sequence, then timed under CUDA-graph replay (median and p20-p80 of per-call
 times; fewer repetitions and calls per graph for long calls). Variants: ``fused`` on the
 default kernel (the column ``default_impl`` names it) and on the others (``fused_tma``,
-``fused_wgmma``, the first wgmma kernel, ``fused_pingpong``, ``fused_mma``), ``cascade`` (default kernel),
+``fused_wgmma``, the first wgmma kernel, ``fused_mma``), ``cascade`` (default kernel),
 ``naive`` where its predicted time is short, ``torch`` where its float32 score matrices fit and
 its predicted time is short (the ``skip`` column says why a variant was not run).
 
@@ -51,9 +51,9 @@ SHAPES = H64 + SHARDS
 
 # (label, variant, impl); fused and cascade run the default fused kernel.
 CONFIGS = [("fused", "fused", None), ("cascade", "cascade", None), ("fused_wgmma", "fused", "wgmma"),
-           ("fused_tma", "fused", "tma"), ("fused_mma", "fused", "mma"), ("fused_pingpong", "fused", "pingpong"),
+           ("fused_tma", "fused", "tma"), ("fused_mma", "fused", "mma"),
            ("naive", "naive", None), ("torch", "torch", None)]
-OPTIONAL = ("fused_tma", "fused_mma", "fused_pingpong")  # dropped first when the time budget runs short
+OPTIONAL = ("fused_tma", "fused_mma")  # dropped first when the time budget runs short
 ESSENTIAL = ("fused", "cascade")  # run even past the time budget
 
 NAIVE_MAX_US = 2000.0   # naive runs where its predicted time is below this

@@ -32,18 +32,18 @@ def tree_to(tree: Tree, device) -> Tree:
 
 def available_kernels() -> tuple:
     """(impl, layout) pairs of the fused kernel to exercise here: the mma.sync kernel always; where
-    ``fused_impl`` picks an sm_90a kernel, the wgmma kernel in both layouts, the v5 pingpong
-    kernels, the v6 tma kernels and the v7 seesaw kernel (rows_m)."""
+    ``fused_impl`` picks an sm_90a kernel, the wgmma kernel in both layouts and the tma kernels
+    (rows_m)."""
     if fused_impl(torch.cuda.current_device()) in _WGMMA_IMPLS:
-        return (("mma", "rows_m"), ("wgmma", "rows_m"), ("wgmma", "rows_n"), ("pingpong", "rows_m"),
-                ("pingpong_seq", "rows_m"), ("tma", "rows_m"), ("tma_seq", "rows_m"), ("seesaw", "rows_m"))
+        return (("mma", "rows_m"), ("wgmma", "rows_m"), ("wgmma", "rows_n"), ("tma", "rows_m"),
+                ("tma_seq", "rows_m"))
     return (("mma", "rows_m"),)
 
 
 # (B, N, H, prefix lengths, real nodes): two mask words, an empty prefix, padding rows; a small
 # odd tree; and rows_n blocks of every shape: 8 rows (one warpgroup idle), 24 (16 + 8), 40
-# (24 + 16), 48 (24 + 24). With splits=1 the second case walks 5 KV tiles (pingpong: both stages
-# and the P handoff reused, an odd tile count).
+# (24 + 16), 48 (24 + 24). With splits=1 the second case walks 5 KV tiles (tma: both stages and the
+# P handoff reused, an odd tile count).
 SELFCHECK_CASES = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),
                    (1, 9, 16, [300], None),
                    (2, 1, 8, [5, 0], None),

@@ -262,9 +262,9 @@ def test_launch_plan_rows_n_only_where_it_runs():
         launch_plan("fused", layout="cols", **kw)
 
 
-@pytest.mark.parametrize("impl", ["pingpong", "pingpong_seq", "tma", "tma_seq", "seesaw"])
-def test_launch_plan_pingpong(impl):
-    """The v5, v6 and v7 kernels keep the rows_m plan (64-row tiles, the same splits and partial slots as
+@pytest.mark.parametrize("impl", ["tma", "tma_seq"])
+def test_launch_plan_tma_kernels(impl):
+    """The TMA kernels keep the rows_m plan (64-row tiles, the same splits and partial slots as
     wgmma) and refuse the rows_n layout."""
     kw = dict(batch=4, nodes=129, heads=64, kv_rows=16384 + 129, num_sms=132)
     for variant in ("fused", "cascade"):
@@ -274,11 +274,11 @@ def test_launch_plan_pingpong(impl):
     with pytest.raises(ValueError, match="layout: 'rows_n' runs only"):
         launch_plan("fused", impl=impl, layout="rows_n", **kw)
     with pytest.raises(ValueError, match="impl: expected one of"):
-        launch_plan("fused", impl="ping", **kw)
+        launch_plan("fused", impl="pingpong", **kw)
 
 
-@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n", "verify_attention_pingpong",
-                                  "verify_attention_tma", "verify_attention_seesaw", "wgmma_probe"])
+@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n", "verify_attention_tma",
+                                  "wgmma_probe"])
 def test_wgmma_kernels_keep_registers(name, tmp_path):
     """ptxas for sm_90a: no spills, and no wgmma serialised (for want of registers, C7511, or around
     compiler-inserted waits and fences, C7518 / C7520)."""
@@ -295,136 +295,6 @@ def test_wgmma_kernels_keep_registers(name, tmp_path):
     assert entries >= 1 and res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == entries, res.stderr
     assert "C7511" not in res.stderr and "C7510" not in res.stderr, res.stderr
     assert "instructions are serialized" not in res.stderr, res.stderr
-
-
-# The synchronisation of cuda/verify_attention_pingpong.cu as a model: the two warpgroups' programs
-# (tile loop, named barriers, per-(stage, half) load mbarriers) run under random interleavings and
-# random load completion; every read checks that the stage half, P, alpha and running max hold the
-# tile it expects, every load that no wgmma still reads the half it overwrites.
-
-class _Barrier:
-    """A named barrier of two warpgroups: a phase completes when both have arrived."""
-
-    def __init__(self):
-        self.phase, self.arrived = 0, []
-
-    def arrive(self, wg):
-        assert wg not in self.arrived, f"warpgroup {wg} arrived twice in one phase of a named barrier"
-        self.arrived.append(wg)
-        if len(self.arrived) == 2:
-            self.phase, self.arrived = self.phase + 1, []
-
-
-def _pingpong_run(n, early, seed, split_barriers=True):
-    rnd = random.Random(seed)
-    bars = {}
-
-    def bar(name, w):
-        return bars.setdefault((name, w if split_barriers else 0), _Barrier())
-
-    mb = {(s, h): 0 for s in (0, 1) for h in (0, 1)}       # completed phases per (stage, half)
-    half = {(s, h): None for s in (0, 1) for h in (0, 1)}  # (tile, landed)
-    landing, inflight = [], {0: [], 1: []}
-    shared = {"P": None, "alpha": None, "max": -1}
-
-    def read(wg, kind, tile, halves):
-        for sh in halves:
-            assert half[sh] == (tile, True), f"wg{wg} {kind}({tile}) reads {sh} holding {half[sh]}"
-        assert kind == "QK" or shared["P"] == tile, f"wg{wg} PV({tile}) reads P({shared['P']})"
-
-    def prog(wg):
-        def load(i):
-            s = i & 1
-            assert not any((s, wg) in h for w in (0, 1) for _, _, h in inflight[w]), f"wg{wg} overwrites a read half"
-            half[(s, wg)] = (i, False)
-            landing.append((s, wg, i))
-
-        def qk(i):
-            s = i & 1
-            yield ("mb", (s, 0), (i >> 1) & 1)
-            yield ("mb", (s, 1), (i >> 1) & 1)
-            read(wg, "QK", i, [(s, 0), (s, 1)])
-            inflight[wg].append(("QK", i, [(s, 0), (s, 1)]))
-
-        def wait_all():
-            for kind, t, h in inflight[wg]:
-                read(wg, kind, t, h)
-            inflight[wg].clear()
-            yield ("step",)
-
-        for i in range(min(2, n)):
-            load(i)
-        for i in range(n):
-            st = i & 1
-            if st == wg:
-                if not early or i == 0:
-                    yield from qk(i)
-                yield from wait_all()
-                if i > 0:
-                    yield ("sync", bar("free", 1 - wg))
-                assert shared["max"] == i - 1 and not any(k == "PV" for k, _, _ in inflight[1 - wg])
-                shared.update(P=i, alpha=i, max=i)
-                yield ("arrive", bar("pub", wg))
-            else:
-                if early and i + 1 < n:
-                    yield from qk(i + 1)
-                yield ("sync", bar("pub", st))
-                yield ("mb", (st, wg), (i >> 1) & 1)
-                assert shared["alpha"] == i
-            read(wg, "PV", i, [(st, wg)])
-            inflight[wg].append(("PV", i, [(st, wg)]))
-            yield ("step",)
-            yield from wait_all()
-            if st == wg and i + 1 < n:
-                yield ("arrive", bar("free", wg))
-            if i + 2 < n:
-                load(i + 2)
-
-    progs, req, done = {w: prog(w) for w in (0, 1)}, {}, set()
-
-    def advance(w):
-        r = next(progs[w], None)
-        if r is None:
-            done.add(w)
-        elif r[0] == "sync":  # a waiting warpgroup counts as arrived
-            target = r[1].phase + 1
-            r[1].arrive(w)
-            r = ("wait", r[1], target)
-        req[w] = r
-
-    for w in (0, 1):
-        advance(w)
-    while len(done) < 2:
-        if landing and rnd.random() < 0.3:
-            s, h, t = landing.pop(rnd.randrange(len(landing)))
-            half[(s, h)] = (t, True)
-            mb[(s, h)] += 1
-            continue
-        ready = [w for w in (0, 1) if w not in done and (
-            req[w][0] in ("step", "arrive") or (req[w][0] == "mb" and mb[req[w][1]] % 2 != req[w][2])
-            or (req[w][0] == "wait" and req[w][1].phase >= req[w][2]))]
-        if not ready:
-            assert landing, f"deadlock at n={n}: {req}"
-            continue
-        w = rnd.choice(ready)
-        if req[w][0] == "arrive":
-            req[w][1].arrive(w)
-        advance(w)
-
-
-@pytest.mark.parametrize("early", [True, False], ids=["pingpong", "pingpong_seq"])
-def test_pingpong_protocol_model(early):
-    """No deadlock, no double arrival and no stale or overwritten data at any tile count."""
-    for n in range(0, 12):
-        for seed in range(80):
-            _pingpong_run(n, early, seed)
-
-
-def test_pingpong_protocol_model_catches_one_barrier_for_both_directions():
-    """The first version's single PUB / FREE barrier: a warpgroup completes it on its own."""
-    with pytest.raises(AssertionError, match="arrived twice"):
-        for seed in range(200):
-            _pingpong_run(2, True, seed, split_barriers=False)
 
 
 # The synchronisation of cuda/verify_attention_tma.cu as a model: the producer's and the two consumer
@@ -586,162 +456,6 @@ def test_tma_protocol_model_catches_a_missing_wait(bug, message):
                 _tma_run(n, True, seed, bug=bug)
 
 
-# The synchronisation of cuda/verify_attention_seesaw.cu (v7) as a model, on the same mbarriers as
-# the tma model: a full barrier per (stage, box) that S waits for, all nine, an empty barrier per
-# (stage, half) that warpgroup h's P V releases and one producer per half refills, and the wgmma
-# groups of each warpgroup, completing in issue order at random times (wait_group N blocks until at
-# most the N newest are pending; a group's reads are checked when it is issued and when it completes). The non-owner of tile i issues S(i + 1),
-# then (after tile i's publish) P V(i), and waits for both; the owner publishes sM / sAlpha before its
-# free wait and stores P after it.
-
-_SEESAW_HALF = {0: range(0, 4), 1: range(4, 9)}  # boxes a stage half holds (half 1: the rope box too)
-
-
-def _seesaw_run(n, seed, bug=None, tail=True):
-    rnd = random.Random(seed)
-    bars = {("full", s, b): _MBarrier(1) for s in (0, 1) for b in range(9)}
-    bars |= {("empty", s, h): _MBarrier(1) for s in (0, 1) for h in (0, 1)}
-    bars |= {(name, w): _MBarrier(1) for name in ("pub", "free") for w in (0, 1)}
-    box = {(s, b): None for s in (0, 1) for b in range(9)}  # (tile, landed, tail rows zeroed)
-    landing, groups = [], {0: [], 1: []}
-    shared = {"P": None, "alpha": None, "max": -1, "alpha_read": -1}
-    last_is_tail = tail and n > 0
-
-    def wait(*key):
-        *name, phase = key
-        yield ("wait", bars[tuple(name)], phase, str(name))
-
-    def read(who, kind, tile, boxes):
-        want = (tile, True, last_is_tail and tile == n - 1)
-        for sb in boxes:
-            assert box[sb] == want, f"{who} {kind}({tile}) reads box {sb} holding {box[sb]}"
-        assert kind == "QK" or shared["P"] == tile, f"{who} {kind}({tile}) reads P({shared['P']})"
-
-    def producer(h):
-        for i in range(n):
-            s = i & 1
-            if i >= 2 and bug != "no_empty_wait":
-                yield from wait("empty", s, h, (i >> 1) - 1)
-            for b in _SEESAW_HALF[h]:
-                assert not any((s, b) in g[2] for w in (0, 1) for g in groups[w]), \
-                    f"tile {i} overwrites box {(s, b)} under a wgmma"
-                box[(s, b)] = (i, False, False)
-                bars[("full", s, b)].arrive(tx=1)
-                landing.append((s, b, i))
-                yield ("step",)
-
-    def consumer(w):
-        who = f"wg{w}"
-
-        def wait_group(keep):
-            yield ("until", lambda: len(groups[w]) <= keep)
-
-        def issue(kind, tile, boxes):
-            read(who, kind, tile, boxes)
-            groups[w].append((kind, tile, boxes))
-            yield ("step",)
-
-        def zero_tail(i):
-            if last_is_tail and i == n - 1:
-                for b in range(9):
-                    yield from wait("full", i & 1, b, i >> 1)
-                for b in range(9):
-                    assert box[(i & 1, b)][:2] == (i, True), f"{who} zeroes box {(i & 1, b)} of tile {i}"
-                    box[(i & 1, b)] = (i, True, True)
-                yield ("step",)
-
-        def issue_s(i):
-            for b in range(9):
-                if bug != "no_box_wait":
-                    yield from wait("full", i & 1, b, i >> 1)
-            yield from issue("QK", i, [(i & 1, b) for b in range(9)])
-
-        def pv(i):
-            yield from issue("PV", i, [(i & 1, b) for b in range(4 * w, 4 * w + 4)])
-
-        def owner(i):
-            yield from wait_group(0)
-            assert shared["max"] == i - 1, f"{who} tile {i} reads the running max of tile {shared['max']}"
-            assert shared["alpha_read"] == i - 1, f"{who} writes alpha({i}) before alpha({i - 1}) was read"
-            shared.update(alpha=i, max=i)
-            yield ("step",)
-            if i > 0 and bug != "no_free_wait":
-                yield from wait("free", 1 - w, (i - 1) >> 1)
-            assert not any(g[0] == "PV" for v in (0, 1) for g in groups[v]), f"{who} writes P({i}) under a P V"
-            shared["P"] = i
-            bars[("pub", w)].arrive()
-            yield from wait("pub", w, i >> 1)
-            yield from pv(i)
-            yield from wait_group(0)
-            if i + 1 < n:
-                bars[("free", w)].arrive()
-            bars[("empty", i & 1, w)].arrive()
-            yield ("step",)
-
-        def other(i):
-            if i + 1 < n:
-                yield from zero_tail(i + 1)
-                yield from issue_s(i + 1)
-            yield from wait("pub", i & 1, i >> 1)
-            for b in range(4 * w, 4 * w + 4):
-                yield from wait("full", i & 1, b, i >> 1)
-            assert shared["alpha"] == i, f"{who} tile {i} reads alpha of tile {shared['alpha']}"
-            shared["alpha_read"] = i
-            yield from pv(i)
-            if bug != "no_pv_wait":
-                yield from wait_group(0)
-            bars[("empty", i & 1, w)].arrive()
-            yield ("step",)
-
-        if w == 0 and n > 0:
-            yield from zero_tail(0)
-            yield from issue_s(0)
-        if w == 1 and n > 0:
-            yield from other(0)
-        for i in range(w, n, 2):
-            yield from owner(i)
-            if i + 1 < n:
-                yield from other(i + 1)
-        yield from wait_group(0)
-
-    def fire(event):
-        kind, x = event
-        if kind == "mma":  # the oldest pending group of warpgroup x completes
-            read(f"wg{x}", *groups[x].pop(0))
-            return
-        landing.remove(x)
-        s, b, t = x
-        assert box[(s, b)] == (t, False, False), f"tile {t} lands in box {(s, b)} holding {box[(s, b)]}"
-        box[(s, b)] = (t, True, False)
-        bars[("full", s, b)].complete_tx(1)
-
-    _mb_schedule({"p0": producer(0), "p1": producer(1), 0: consumer(0), 1: consumer(1)}, rnd, n,
-                 lambda: [("land", x) for x in landing] + [("mma", w) for w in (0, 1) if groups[w]], fire)
-
-
-@pytest.mark.parametrize("tail", [True, False], ids=["tail", "whole"])
-def test_seesaw_protocol_model(tail):
-    """No deadlock, no barrier a phase off its waiter, no stale, overwritten or unzeroed box, P, alpha
-    or running max, at 0-11 tiles."""
-    for n in range(0, 12):
-        for seed in range(60):
-            _seesaw_run(n, seed, tail=tail)
-
-
-@pytest.mark.parametrize("bug, message", [
-    ("no_empty_wait", "under a wgmma|reads box|lands in|more arrivals"),
-    ("no_free_wait", "under a P V|reads P|alpha of tile|running max"),
-    ("no_box_wait", "reads box"),
-    ("no_pv_wait", "under a wgmma|reads box")])
-def test_seesaw_protocol_model_catches_a_missing_wait(bug, message):
-    """Without the producers' empty wait, the owner's free wait, S's per-box full wait or the
-    non-owner's wait_group before it releases its half, the model fails."""
-    with pytest.raises(AssertionError, match=message):
-        for seed in range(200):
-            for n in (3, 5):
-                _seesaw_run(n, seed, bug=bug)
-
-
 # ---------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu
@@ -791,9 +505,9 @@ def test_rows_n_matches_reference(case, splits, gen):
 @gpu
 @pytest.mark.parametrize("splits", [None, 3])
 @pytest.mark.parametrize("case", RN_CASES, ids=_ids(RN_CASES))
-@pytest.mark.parametrize("impl", ["tma", "tma_seq", "seesaw"])
+@pytest.mark.parametrize("impl", ["tma", "tma_seq"])
 def test_tma_kernels_at_new_shapes(impl, case, splits, gen):
-    """The v6 and v7 kernels at rows_n's shapes as well: a 9-word mask (N = 513), every head count,
+    """The TMA kernels at rows_n's shapes as well: a 9-word mask (N = 513), every head count,
     padding nodes, empty and ragged prefixes, splits whose last tile is cut short."""
     _need_impl(impl)
     _run_and_check("fused", case, gen, extra=5, splits=splits, impl=impl)
@@ -812,10 +526,9 @@ def _run_and_check(variant, case, gen, extra, **run):
 
 
 KERNELS = [("fused", "mma", "rows_m"), ("fused", "wgmma", "rows_m"), ("fused", "wgmma", "rows_n"),
-           ("fused", "pingpong", "rows_m"), ("fused", "pingpong_seq", "rows_m"),
-           ("fused", "tma", "rows_m"), ("fused", "tma_seq", "rows_m"), ("fused", "seesaw", "rows_m"),
-           ("cascade", "mma", None), ("cascade", "wgmma", None), ("cascade", "pingpong", None),
-           ("cascade", "tma", None), ("cascade", "seesaw", None)]
+           ("fused", "tma", "rows_m"), ("fused", "tma_seq", "rows_m"),
+           ("cascade", "mma", None), ("cascade", "wgmma", None), ("cascade", "tma", None),
+           ("cascade", "tma_seq", None)]
 
 
 @gpu
@@ -880,28 +593,15 @@ def test_device_mismatch_raises(gen):
         verify_attention(q, kv, pl, tree_to(tree, "cpu"), SCALE)
 
 
-# compute-sanitizer's racecheck reports hazards in the opt-in pingpong kernels although every
-# result matches float64; their SASS offsets, mapped to source on the cubins that ran, are not
-# races (docs/perf_log.md, v5 and v6): the non-owner's read of sAlpha against the owner's write,
-# ordered by bar.arrive / bar.sync pairs, and the epilogue's row sums, written by each quad's lane
-# 0 before a bar.sync that all 256 consumer threads pass and read after it. Every flagged row-sum
-# read is of a sum written by the warpgroup that passed one bar.sync more than the other
-# (warpgroup 1, in a split of an even tile count), so racecheck's barrier bookkeeping loses the
-# ordering, not the kernel. The v6 tma kernels had the same row-sum reports (the owner of a
-# partial last tile synced its tail zeroing on a named barrier of its own) until that sync moved to
-# an mbarrier: their racecheck is expected clean, as is the v7 seesaw kernel's (the same handoffs, all
-# on mbarriers; both consumer warpgroups pass the same named barriers). Expected failures, strict: a
-# clean racecheck makes them fail, and the mark must then go.
-_RACECHECK_OPEN = pytest.mark.xfail(strict=True, reason="racecheck reports the bar.arrive / bar.sync handoff of "
-                                    "sAlpha and the epilogue's row sums, not races (docs/perf_log.md, v5)")
-_SANITIZED = [(tool, kernel, _RACECHECK_OPEN) if tool == "racecheck" and kernel.startswith("pingpong") else
-              (tool, kernel, ()) for kernel in ("mma", "wgmma", "rows_n", "pingpong", "pingpong_seq", "tma", "tma_seq",
-                                                "seesaw")
+# Every fused kernel under compute-sanitizer's three tools. (The retired v5 pingpong kernels, whose
+# named-barrier handoffs racecheck reported although they were not races, carried strict xfails
+# here; the TMA kernels hand everything over on mbarriers and are expected clean.)
+_SANITIZED = [(tool, kernel) for kernel in ("mma", "wgmma", "rows_n", "tma", "tma_seq")
               for tool in ("memcheck", "racecheck", "synccheck")]
 
 
 @gpu
-@pytest.mark.parametrize("tool,kernel", [pytest.param(t, k, marks=m, id=f"{t}-{k}") for t, k, m in _SANITIZED])
+@pytest.mark.parametrize("tool,kernel", [pytest.param(t, k, id=f"{t}-{k}") for t, k in _SANITIZED])
 def test_compute_sanitizer(tool, kernel):
     """Every CUDA variant, with each fused kernel, on small cases under compute-sanitizer."""
     _need_impl("wgmma" if kernel == "rows_n" else kernel)
