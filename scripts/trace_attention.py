@@ -55,20 +55,33 @@ def use_trace(on: bool) -> None:
     attention._kernel = lookup
 
 
-def read_records(mod) -> list[dict[str, list[tuple[int, str, int]]]]:
+def read_records(mod) -> np.ndarray:
+    """The traced module's raw records: [block][role][record][clock, event << 32 | tile]."""
     import cupy
 
     ptr = mod.get_global("att_trace")
-    raw = cupy.ndarray((BLOCKS, len(ROLES), N_REC, 2), dtype=cupy.uint64, memptr=ptr).get()
+    return cupy.ndarray((BLOCKS, len(ROLES), N_REC, 2), dtype=cupy.uint64, memptr=ptr).get()
+
+
+def parse_records(raw: np.ndarray) -> list[dict[str, list[tuple[int, str, int]]]]:
+    """Per traced block, per role, its records as (clock, event name, tile) in recording order."""
     blocks = []
-    for b in range(BLOCKS):
+    for b in range(raw.shape[0]):
         roles = {}
         for r, name in enumerate(ROLES):
-            recs = [(int(c), EV[int(m >> 32)], int(np.int32(np.uint32(m & 0xFFFFFFFF))))
-                    for c, m in raw[b, r] if c != 0]
-            roles[name] = recs
+            roles[name] = [(int(c), EV[int(m >> 32)], int(np.int32(np.uint32(m & 0xFFFFFFFF))))
+                           for c, m in raw[b, r] if c != 0]
         blocks.append(roles)
-    return blocks, raw
+    return blocks
+
+
+def summary(blocks: list[dict], mhz: float) -> dict[str, np.ndarray]:
+    """Every interval of :func:`intervals` over the steady-state tiles of all traced blocks (us)."""
+    merged: dict[str, list[float]] = {}
+    for roles in blocks:
+        for k, v in intervals(roles, mhz).items():
+            merged.setdefault(k, []).extend(v)
+    return {k: np.array(v) for k, v in merged.items()}
 
 
 def intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
@@ -142,16 +155,12 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
         run()
         torch.cuda.synchronize()
         use_trace(False)
-        blocks, raw = read_records(mod)
+        raw = read_records(mod)
         np.savez_compressed(out / f"trace_{impl}_{B}_{N}_{H}_{P}.npz", raw=raw, mhz=res[True].sm_clock_mhz)
         mhz = res[True].sm_clock_mhz
-        merged: dict[str, list[float]] = {}
-        for roles in blocks:
-            for k, v in intervals(roles, mhz).items():
-                merged.setdefault(k, []).extend(v)
+        blocks = parse_records(raw)
         print(f"  steady-state tiles of {BLOCKS} blocks, median [p10, p90] us at {mhz:.0f} MHz:")
-        for k, v in merged.items():
-            a = np.array(v)
+        for k, a in summary(blocks, mhz).items():
             print(f"    {k:58s} {np.median(a):7.3f} [{np.percentile(a, 10):.3f}, {np.percentile(a, 90):.3f}]  n={a.size}")
         roles = blocks[0]
         t0 = min(c for recs in roles.values() for c, _, _ in recs)
