@@ -84,6 +84,16 @@ __device__ __forceinline__ void wg_m64n256k16_tb(float* d, att_u64 da, att_u64 d
         WG_D4(108), WG_D4(112), WG_D4(116), WG_D4(120), WG_D4(124)
       : "l"(da), "l"(db), "r"(1));
 }
+// D[64 x 64] += A[64 x 16] B[16 x 64] with A from registers (RS): each warp's 16 rows in the
+// m16n8k16 A fragment (a[0]: row gid, columns 2 tig, 2 tig + 1; a[1]: row gid + 8; a[2], a[3]: the
+// same rows, columns + 8; bf16 pairs), B K-major in shared memory.
+__device__ __forceinline__ void wg_mma64_rs(float* d, const att_u32 (&a)[4], att_u64 db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WG_R32 "}, {%32, %33, %34, %35}, %36, p, 1, "
+               "1, 0;\n}\n"
+               : WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24), WG_D4(28)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
 #undef WG_D4
 #undef WG_R4
 #undef WG_R8

@@ -3,7 +3,8 @@
 Runs ``cuda/wgmma_probe.cu`` in each mode (S alone on one or both warpgroups, P V alone on one
 or both, both warpgroups doing S then P V), one block per SM, each timed by CUDA-graph replay
 (behind a device hold), and prints TFLOP/s, the fraction of the dense bf16 rate measured in the
-same process (``torch.mm`` 8192^3), and the cycles one warpgroup spends per step. The last line
+same process (``torch.mm`` 8192^3), and the cycles one warpgroup spends per step (mode 5: S with
+its four rope k-steps taking Q from registers, against mode 1's all-shared-memory S). The last line
 is what a 64-row tile's tensor work (S by one warpgroup, P V by both) takes at these rates, to
 set against the ~2.9 us per tile of the `tma` kernel at B = 1, N = 257, H = 64, P = 4096.
 
@@ -25,7 +26,8 @@ PV_FLOP = 2 * 64 * 256 * 64    # one P V step of one warpgroup: 64 rows x 256 va
 SMEM = 64 * 576 * 2 + 64 * 576 * 2 + 64 * 64 * 2 + 1024   # Q, one KV tile, P, alignment slack
 MODES = {0: ("S, one warpgroup", S_FLOP), 1: ("S, both warpgroups", 2 * S_FLOP),
          2: ("P V, one warpgroup", PV_FLOP), 3: ("P V, both warpgroups", 2 * PV_FLOP),
-         4: ("S then P V, both warpgroups", 2 * (S_FLOP + PV_FLOP))}
+         4: ("S then P V, both warpgroups", 2 * (S_FLOP + PV_FLOP)),
+         5: ("S, rope k-steps from registers", 2 * S_FLOP)}
 
 
 def main(iters: int = 2000) -> None:

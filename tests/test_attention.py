@@ -277,17 +277,18 @@ def test_launch_plan_tma_kernels(impl):
         launch_plan("fused", impl="pingpong", **kw)
 
 
-@pytest.mark.parametrize("name", ["verify_attention_wgmma", "verify_attention_rows_n", "verify_attention_tma",
-                                  "wgmma_probe"])
-def test_wgmma_kernels_keep_registers(name, tmp_path):
+@pytest.mark.parametrize("name, defines", [("verify_attention_wgmma", ()), ("verify_attention_rows_n", ()),
+                                           ("verify_attention_tma", ())]
+                         + [("wgmma_probe", (f"-DPROBE_MODE={m}",)) for m in range(6)])
+def test_wgmma_kernels_keep_registers(name, defines, tmp_path):
     """ptxas for sm_90a: no spills, and no wgmma serialised (for want of registers, C7511, or around
-    compiler-inserted waits and fences, C7518 / C7520)."""
+    compiler-inserted waits and fences, C7518 / C7520); the probe in each of its modes."""
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     if not os.path.exists(nvcc):
         pytest.skip("nvcc not installed")
     src = tmp_path / f"{name}.cu"
     src.write_text(kdtree.kernels.read_source(name))
-    res = subprocess.run([nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17",
+    res = subprocess.run([nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", *defines,
                           "-Xptxas", "-v", "-o", str(tmp_path / "k.cubin"), str(src)],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
