@@ -74,10 +74,12 @@ __device__ __forceinline__ void pp_zero_tail_rows(att_u32 sK, int valid, int wti
   mb_wait(zero, 0);
 }
 
-// Issue S = Q K^T of the tile in stage sK into s (wgmma m64n64 accumulators: n8 tile nt holds rows
-// r_lo / r_hi, KV columns 8 nt + 2 tig + {0, 1}): 36 wgmma m64n64k16, k-step ks reading 32 bytes
-// at 32 (ks % 4) of column block ks / 4 of Q and K. One wgmma group, not waited for.
-__device__ __forceinline__ void pp_issue_s(float (&s)[8][4], att_u32 sQ, att_u32 sK) {
+// The first KS k-steps of S = Q K^T of the tile in stage sK into s, zeroed first (wgmma m64n64
+// accumulators: n8 tile nt holds rows r_lo / r_hi, KV columns 8 nt + 2 tig + {0, 1}): wgmma
+// m64n64k16 with both operands in shared memory, k-step ks reading 32 bytes at 32 (ks % 4) of
+// column block ks / 4 of Q and K. Neither committed nor waited for.
+template <int KS>
+__device__ __forceinline__ void pp_s_steps(float (&s)[8][4], att_u32 sQ, att_u32 sK) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -85,10 +87,16 @@ __device__ __forceinline__ void pp_issue_s(float (&s)[8][4], att_u32 sQ, att_u32
   wg_pin<32>(&s[0][0]);
   wg_fence();
 #pragma unroll
-  for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
+  for (int ks = 0; ks < KS; ++ks) {
     const att_u32 blk = (ks >> 2) * 128 * FUSED_BN, kk = (ks & 3) * 32;
     wg_mma<64, 0>(&s[0][0], wg_desc(sQ + blk + kk, 16, 1024), wg_desc(sK + blk + kk, 16, 1024));
   }
+}
+
+// Issue S = Q K^T of the tile in stage sK into s: all 36 k-steps (pp_s_steps) as one wgmma group,
+// not waited for.
+__device__ __forceinline__ void pp_issue_s(float (&s)[8][4], att_u32 sQ, att_u32 sK) {
+  pp_s_steps<ATT_D_QK / 16>(s, sQ, sK);
   wg_commit();
 }
 

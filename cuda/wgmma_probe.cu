@@ -27,17 +27,7 @@
 // S = Q K^T as pp_issue_s, except that the four rope k-steps take Q from registers (qr: the
 // m16n8k16 A fragments of this warp's 16 rows, one per k-step).
 __device__ __forceinline__ void probe_issue_s_rs(float (&s)[8][4], att_u32 sQ, att_u32 sK, const att_u32 (&qr)[4][4]) {
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-  wg_pin<32>(&s[0][0]);
-  wg_fence();
-#pragma unroll
-  for (int ks = 0; ks < ATT_D_V / 16; ++ks) {
-    const att_u32 blk = (ks >> 2) * 128 * FUSED_BN, kk = (ks & 3) * 32;
-    wg_mma<64, 0>(&s[0][0], wg_desc(sQ + blk + kk, 16, 1024), wg_desc(sK + blk + kk, 16, 1024));
-  }
+  pp_s_steps<ATT_D_V / 16>(s, sQ, sK);
 #pragma unroll
   for (int t = 0; t < 4; ++t)
     wg_mma64_rs(&s[0][0], qr[t], wg_desc(sK + (ATT_D_V / 64) * 128 * FUSED_BN + t * 32, 16, 1024));
