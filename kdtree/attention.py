@@ -172,8 +172,8 @@ def fused_impl(index: int) -> str:
 
     ``tma_seq`` (``cuda/verify_attention_tma.cu``, sm_90a, built by nvcc): two consumer
     warpgroups taking alternate KV tiles, fed by a TMA producer warpgroup through an mbarrier
-    ring; on an H200 it ran 1.26-1.36x faster than the first wgmma kernel at the four shapes
-    timed (docs/perf_log.md). The environment variable ``KDTREE_FUSED_IMPL`` (one of
+    ring; on an H200 it was faster than the first wgmma kernel at every shape timed
+    (docs/perf_log.md). The environment variable ``KDTREE_FUSED_IMPL`` (one of
     ``FUSED_IMPLS``) overrides the choice: ``wgmma`` (``cuda/verify_attention_wgmma.cu``) and
     ``tma``, both sm_90a, run only when asked.
     """
