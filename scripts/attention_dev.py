@@ -35,20 +35,15 @@ SHAPES = [(64, 9, 8, 16384), (8, 65, 8, 32768), (8, 33, 16, 16384), (1, 33, 64, 
 
 
 def ceilings() -> tuple[float, float]:
-    """(HBM bandwidth in B/s, dense bf16 matmul FLOP/s), measured now: the matmul (8192^3) after
-    about a second of matmuls, so that the clocks have ramped up from idle; the bandwidth as the
-    project's roofline takes it, the best of its read / write / copy probes over 2 GiB
-    (``kdtree.bench.ceilings``; a torch copy timed under graph replay here read 2.65-2.76 TB/s on
-    an H200 whose read probe gives 4.28)."""
-    from kdtree.bench.ceilings import measure_ceilings
+    """(HBM bandwidth in B/s, dense bf16 matmul FLOP/s), measured now, as the project's roofline
+    takes them (``kdtree.bench.ceilings``): the bandwidth the best of its read / write / copy
+    probes over 2 GiB, the rate ``torch.mm`` 8192^3 on random data timed behind a device hold (the
+    wgmma probe's reference). An 8192^3 matmul replayed after a second of matmuls read 690 TFLOP/s
+    where this reads 789 in the same call on an H200 (``results/verify_table_h200/49e9c69``
+    against ``results/wgmma_probe_h200/49e9c69.txt``): fractions against it read high."""
+    from kdtree.bench.ceilings import _matmul_rate, measure_ceilings
 
-    mats = [torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-    for _ in range(800):
-        mats[0] @ mats[1]
-    torch.cuda.synchronize()
-    t = time_graph(lambda: mats[0] @ mats[1], reps=10, calls_per_graph=5, warmup=2)
-    mats.clear()
-    rate = 2 * 8192 ** 3 / (t.median_us * 1e-6)
+    rate = _matmul_rate(8192, torch.bfloat16, "cuda", reps=20)
     torch.cuda.empty_cache()
     return measure_ceilings(quick=True).hbm_bw, rate
 
