@@ -7,12 +7,16 @@
 //
 // * moe_permute (one block): counts the (token, slot) pairs per local expert, scans them into
 //   the group ends ``offs``, and writes for every local slot its position in expert order
-//   (``pos``, -1 for other ranks' slots) and, per position, the token it comes from
-//   (``rowidx``). The order inside an expert follows shared-memory atomics, so it may change
+//   (``pos``, -1 for other ranks' slots), per position the token it comes from (``rowidx``),
+//   and the experts that have tokens, in ascending order (``active``, -1 past the last). The order inside an expert follows shared-memory atomics, so it may change
 //   from run to run; nothing downstream depends on it (each token's rows are computed alone
 //   and the combine sums a token's slots in slot order).
 // * moe_grouped_gemm: out[p, n] = sum_k x[row(p), k] w[e, n, k] for the positions p of expert e.
-//   Block (row tile, expert); MOE_KSPLIT warps split K (warp w takes the 64-wide steps w,
+//   Block (row tile, group): the shared expert's chunks first, then one grid row per expert
+//   with tokens (``active``), so that no block is spent on the experts a step leaves untouched
+//   (on one GPU of Kimi K2 EP8 a single token touches about 1 of the 48 local experts, and a
+//   grid row per local expert made 47 of every 48 blocks exit at once: over 6000 empty blocks
+//   queued ahead of the shared expert's). MOE_KSPLIT warps split K (warp w takes the 64-wide steps w,
 //   w + MOE_KSPLIT, ..., so a block reads MOE_KSPLIT x 128 contiguous bytes of each row at a
 //   time), each streaming its steps through a private cp.async ring (every thread reads back
 //   only the bytes it copied, so no barrier is needed until the split-K reduction). mma.sync
@@ -23,7 +27,7 @@
 //   per chunk. MOE_GATED = 1: w0 = gate, w1 = up (16 rows of each per block), the output is
 //   bf16 silu(gate) * up; MOE_GATED = 0: 32 rows of w0 per block, float32 output. The shared
 //   expert rides along as an extra group whose positions are all T tokens (after the routed
-//   slots), one grid row per chunk of them, with its own weights, row count and K: one gate/up
+//   slots), one grid row per chunk of them (the first rows), with its own weights, row count and K: one gate/up
 //   and one down launch serve the routed and the shared experts.
 // * moe_combine: out[t] = ys[shared row of t] + sum_s weight[t, s] * ys[pos[t, s]] over the local
 //   slots, in float32, slots in order.
@@ -31,6 +35,14 @@
 // Compile-time options (-D): MOE_K (input width, a multiple of 64 * MOE_KSPLIT), MOE_NT (token
 // tiles of 8 per chunk), MOE_GATED, MOE_STAGES (ring depth), MOE_KSPLIT (warps per block),
 // MOE_TOPK (slots per token, combine). No system headers: compiles under NVRTC and nvcc.
+//
+// All three kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each starts
+// while the one before it runs, waits for it before it reads its outputs, and lets the next one
+// start at once. The router lets the permutation start, the permutation the gate/up GEMM, whose
+// shared-expert blocks (``early``) stream their weights and x while the router runs and wait
+// only before they store; the routed blocks wait for the permutation.
+
+#include "pdl.cuh"
 
 #ifndef MOE_K
 #define MOE_K 7168
@@ -100,10 +112,13 @@ __device__ __forceinline__ void moe_mma(float* c, moe_u32 a0, moe_u32 a1, moe_u3
 
 extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* __restrict__ expert, int slots, int k,
                                                                int experts, int* __restrict__ offs,
-                                                               int* __restrict__ rowidx, int* __restrict__ pos) {
+                                                               int* __restrict__ rowidx, int* __restrict__ pos,
+                                                               int* __restrict__ active) {
   __shared__ int start[MOE_MAX_EXPERTS];
   __shared__ int total;
   const int tid = threadIdx.x, lane = tid & 31;
+  pdl_launch_dependents();  // nothing before the wait: the gate/up GEMM may start now
+  pdl_wait();
   for (int i = tid; i < experts; i += blockDim.x) start[i] = 0;
   __syncthreads();
   for (int i = tid; i < slots; i += blockDim.x) {
@@ -111,10 +126,13 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
     pos[i] = (e >= 0 && e < experts) ? atomicAdd(&start[e], 1) : -1;  // rank inside the expert
   }
   __syncthreads();
-  if (tid < 32) {  // counts -> exclusive starts, inclusive ends
-    int carry = 0;
+  if (tid < 32) {  // counts -> exclusive starts, inclusive ends; the experts with tokens, in order
+    int carry = 0, used = 0;
     for (int base = 0; base < experts; base += 32) {
       const int v = base + lane < experts ? start[base + lane] : 0;
+      const unsigned nz = __ballot_sync(0xffffffffu, v > 0);
+      if (v > 0) active[used + __popc(nz & ((1u << lane) - 1))] = base + lane;
+      used += __popc(nz);
       int incl = v;
       for (int d = 1; d < 32; d <<= 1) {
         const int o = __shfl_up_sync(0xffffffffu, incl, d);
@@ -127,6 +145,7 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
     if (lane == 0) total = carry;
+    for (int i = used + lane; i < experts; i += 32) active[i] = -1;
   }
   __syncthreads();
   for (int i = tid; i < slots; i += blockDim.x) {
@@ -142,27 +161,39 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
 
 // x [rows, MOE_K] bf16; rowidx [positions] (row of x for each position) or null (position = row);
 // w0, w1 [experts, n_out, MOE_K] bf16 (w1 read only when MOE_GATED); offs [experts] group ends;
-// out [positions, n_out]: bf16 when MOE_GATED, else float32. grid (n_out / MOE_ROWS, experts).
+// active [>= groups]: the expert of each routed grid row (-1: none), or null (row g is expert g);
+// out [positions, n_out]: bf16 when MOE_GATED, else float32. grid (n_out / MOE_ROWS, chunks + groups)
+// with chunks = ceil(shared_tokens / (8 MOE_NT)) shared rows first.
 // The extra group (the shared expert), when shared_tokens > 0: weights s0 (and s1 when MOE_GATED)
 // [n_shared, k_shared] bf16, k_shared a multiple of 64 * MOE_KSPLIT and at most MOE_K, n_shared a
 // multiple of MOE_ROWS and at most n_out; its positions shared_first .. shared_first +
 // shared_tokens - 1 read token p - shared_first of x through the gather (row p without rowidx),
-// in chunks of 8 * MOE_NT tokens, one per grid row past ``experts``.
+// in chunks of 8 * MOE_NT tokens, one per grid row before the routed ones. early != 0: the
+// shared rows' blocks read x and their weights before ``pdl_wait`` (only when x was complete
+// before the kernel launched just before this one, as the layer's gate/up GEMM after the
+// permutation); 0: every block waits first.
 extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     moe_grouped_gemm(const moe_bf16* __restrict__ x, const int* __restrict__ rowidx, const moe_bf16* __restrict__ w0,
-                     const moe_bf16* __restrict__ w1, const int* __restrict__ offs, void* __restrict__ out,
-                     int n_out, int experts, const moe_bf16* __restrict__ s0, const moe_bf16* __restrict__ s1,
-                     int n_shared, int k_shared, int shared_first, int shared_tokens) {
+                     const moe_bf16* __restrict__ w1, const int* __restrict__ offs, const int* __restrict__ active,
+                     void* __restrict__ out, int n_out, const moe_bf16* __restrict__ s0,
+                     const moe_bf16* __restrict__ s1, int n_shared, int k_shared, int shared_first,
+                     int shared_tokens, int early) {
   extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32]
-  const int e = blockIdx.y;
-  const bool sh = e >= experts;
+  const int chunks = (shared_tokens + 8 * MOE_NT - 1) / (8 * MOE_NT);
+  const bool sh = (int)blockIdx.y < chunks;  // the shared expert's rows first: they need no routing
+  const bool wait_late = sh && early;         // x was complete before the kernel before this one
+  if (!wait_late) pdl_wait();
+  pdl_launch_dependents();
   const int r0 = blockIdx.x * MOE_ROWS;
-  int first, end;
+  int first, end, e = 0;
   if (sh) {
-    first = shared_first + (e - experts) * 8 * MOE_NT;
+    first = shared_first + blockIdx.y * 8 * MOE_NT;
     end = min(first + 8 * MOE_NT, shared_first + shared_tokens);
     if (r0 >= n_shared) return;
   } else {
+    e = blockIdx.y - chunks;
+    if (active) e = active[e];  // the grid's routed rows cover the experts with tokens only
+    if (e < 0) return;
     first = e ? offs[e - 1] : 0;
     end = offs[e];
   }
@@ -244,6 +275,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
+    if (wait_late) pdl_wait();  // the first store: the kernels before have completed
     __syncthreads();  // every warp is done with its ring: reuse it for the split-K partials
     float* red = reinterpret_cast<float*>(ring);  // [MOE_KSPLIT][2][MOE_NT][4][32]
 #pragma unroll
@@ -281,6 +313,8 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ ys, const int* __restrict__ pos, const float* __restrict__ weight,
                 int shared_first, moe_bf16* __restrict__ out, int dim) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   int p[MOE_TOPK];
   float wt[MOE_TOPK];

@@ -37,7 +37,9 @@
 // Compile-time options (-D): ROUTER_D (hidden width, a multiple of 16 ROUTER_S ROUTER_KW),
 // ROUTER_E (experts, a multiple of 32 and of 16 ROUTER_MT), ROUTER_K (experts per token, <= 32),
 // ROUTER_MT (m-tiles per block), ROUTER_NT (n-tiles per pass, 1..8), ROUTER_S (K slices).
-// No system headers: compiles under NVRTC and nvcc.
+// Launched with programmatic dependent launch (cuda/pdl.cuh). No system headers: compiles under NVRTC and nvcc.
+
+#include "pdl.cuh"
 
 #ifndef ROUTER_D
 #define ROUTER_D 7168
@@ -131,6 +133,8 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
   __shared__ float red[ROUTER_KW - 1][ROUTER_MT][4 * ROUTER_NT][32];
   __shared__ float sc[ROUTER_TF][ROUTER_E];
   __shared__ unsigned ticket;
+  pdl_wait();               // x comes from the kernel before (a plain launch: no-op)
+  pdl_launch_dependents();  // the layer's permutation may start; it waits for this kernel
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int mt = warp % ROUTER_MT, kw = warp / ROUTER_MT;

@@ -4,7 +4,8 @@
 ``route`` is ``kdtree.engine.model.MoE.route`` (float32 gate, sigmoid, top-k, renormalised and
 scaled weights) in one launch. ``routed_experts`` computes what ``MoE.experts`` computes with
 torch ops (permutation, three grouped GEMMs, SiLU, weighted combine, and the shared expert) in
-four launches:
+four launches, each a programmatic dependent launch (``kdtree.kernels.launch``) that starts
+while the one before it runs and waits for it before it reads its outputs:
 
 1. ``moe_permute``: group ends, each local slot's position in expert order, each position's token;
 2. the gate and up projections of every local slot, and of every token through the shared
@@ -214,7 +215,7 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
                      ("ROUTER_MT", mt), ("ROUTER_NT", nt), ("ROUTER_S", ROUTER_SLICES)), "moe_router_mma")
         launch(fn, (ROUTER_SLICES * E // (16 * mt),), (32 * 4 * mt,),
                (ptr(x), ptr(gate), ptr(part), ptr(_tile_counters(x.device, 2)), ptr(weight), ptr(expert),
-                np.int32(T), np.float32(scale)), device=x.device)
+                np.int32(T), np.float32(scale)), device=x.device, pdl=True)
         return weight, expert
     tiles = -(-T // tile)
     scores = torch.empty(T, E, dtype=torch.float32, device=x.device)
@@ -227,7 +228,7 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
     return weight, expert
 
 
-def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Group the (token, slot) pairs of ``expert`` [T, k] (int64 global ids) by local expert.
 
     Experts ``0 .. n_local - 1`` are this GPU's; other ids (other ranks') are left out.
@@ -240,6 +241,8 @@ def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Ten
         The token of each position in expert order; positions past ``offs[-1]`` hold 0.
     pos : int32 [T k]
         Each flat slot's position, -1 for other ranks' slots.
+    active : int32 [n_local]
+        The local experts with tokens, ascending, then -1 (``grouped_gemm``'s routed grid rows).
     """
     from kdtree.kernels import launch, ptr
 
@@ -254,16 +257,19 @@ def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Ten
     offs = torch.empty(n_local, dtype=torch.int32, device=dev)
     rowidx = torch.empty(S, dtype=torch.int32, device=dev)
     pos = torch.empty(S, dtype=torch.int32, device=dev)
+    active = torch.empty(n_local, dtype=torch.int32, device=dev)
     fn = _kernel("moe_permute", _index(dev), ())
     launch(fn, (1,), (1024,), (ptr(expert), np.int32(S), np.int32(expert.shape[1]), np.int32(n_local),
-                               ptr(offs), ptr(rowidx), ptr(pos)), device=dev)
-    return offs, rowidx, pos
+                               ptr(offs), ptr(rowidx), ptr(pos), ptr(active)), device=dev, pdl=True)
+    return offs, rowidx, pos, active
 
 
 def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int, *,
                  up: torch.Tensor | None = None, rowidx: torch.Tensor | None = None, nt: int = 1,
                  shape: tuple[int, int] | None = None, shared: torch.Tensor | None = None,
-                 shared_up: torch.Tensor | None = None, shared_first: int = 0) -> torch.Tensor:
+                 shared_up: torch.Tensor | None = None, shared_first: int = 0,
+                 active: torch.Tensor | None = None, groups: int | None = None,
+                 x_ready: bool = False) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -293,6 +299,17 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         The extra group's up projection; required with ``up`` and ``shared``.
     shared_first : int
         The extra group's first position (the routed groups end at or before it).
+    active : int32 [E], optional
+        ``permute``'s experts with tokens (ascending, then -1): the grid gets one row of blocks
+        per entry of its first ``groups``, not one per expert. Without it, row e is expert e.
+    groups : int, optional
+        Grid rows for the routed experts, 1 .. E (default E): with ``active``, at least the
+        number of experts with tokens (``min(E, T k)`` always is).
+    x_ready : bool
+        x was complete before the kernel launched just before this one (the layer's gate/up
+        GEMM after ``permute``): the extra group's blocks stream x and their weights while that
+        kernel still runs (programmatic dependent launch) and wait for it only before they
+        store. False: every block waits first.
 
     Returns
     -------
@@ -340,6 +357,14 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     routed = shared_first if shared is not None else rows
     if rowidx is not None and (rowidx.dtype != torch.int32 or rowidx.dim() != 1 or rowidx.shape[0] < routed):
         raise ValueError(f"rowidx: expected int32 [>= {routed}], got {rowidx.dtype} {tuple(rowidx.shape)}")
+    groups = E if groups is None else groups
+    if not isinstance(groups, int) or isinstance(groups, bool) or not 1 <= groups <= E:
+        raise ValueError(f"groups: expected an int in 1..{E}, got {groups!r}")
+    if active is not None and (not isinstance(active, torch.Tensor) or active.dtype != torch.int32
+                               or active.shape != (E,) or active.device != w.device):
+        raise ValueError(f"active: expected int32 [{E}] on {w.device}")
+    if active is None and groups != E:
+        raise ValueError(f"groups: expected {E} (one grid row per expert) without active, got {groups}")
     if x.device != w.device or (shared is not None and shared.device != w.device):
         raise ValueError(f"x, shared: expected the device of w ({w.device}), got {x.device}")
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
@@ -350,11 +375,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
     chunks = -(-n_tok // (8 * nt))
     s0 = shared if shared is not None else w
-    launch(fn, (N // tile, E + chunks), (32 * ksplit,),
+    launch(fn, (N // tile, chunks + groups), (32 * ksplit,),
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
-            ptr(out), np.int32(N), np.int32(E), ptr(s0), ptr(s0 if shared_up is None else shared_up), np.int32(n_sh),
-            np.int32(k_sh), np.int32(shared_first), np.int32(n_tok)),
-           shared_mem=smem_bytes(nt, ksplit, stages), device=x.device)
+            np.uint64(0) if active is None else ptr(active), ptr(out), np.int32(N), ptr(s0),
+            ptr(s0 if shared_up is None else shared_up), np.int32(n_sh), np.int32(k_sh), np.int32(shared_first),
+            np.int32(n_tok), np.int32(bool(x_ready))),
+           shared_mem=smem_bytes(nt, ksplit, stages), device=x.device, pdl=True)
     return out
 
 
@@ -383,7 +409,7 @@ def combine(ys: torch.Tensor, pos: torch.Tensor, weight: torch.Tensor, shared_fi
     fn = _kernel("moe_combine", _index(ys.device), (("MOE_TOPK", k),))
     launch(fn, (T,), (256,), (ptr(ys), ptr(pos.contiguous()), ptr(weight.contiguous()),
                               np.int32(-1 if shared_first is None else shared_first), ptr(out), np.int32(D)),
-           device=ys.device)
+           device=ys.device, pdl=True)
     return out
 
 
@@ -433,9 +459,11 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
     T, k = expert.shape
     nt = chunk_tiles(T, k, experts_total or E)
     rows = T * k + (T if shared is not None else 0)
-    offs, rowidx, pos = permute(expert, E)
-    hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, nt=nt, shared=s1, shared_up=s3, shared_first=T * k)
-    ys = grouped_gemm(hid, w2, offs, rows, nt=nt, shared=s2, shared_first=T * k)
+    offs, rowidx, pos, active = permute(expert, E)
+    groups = min(E, T * k)  # at most this many experts have tokens
+    hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, nt=nt, shared=s1, shared_up=s3, shared_first=T * k,
+                       active=active, groups=groups, x_ready=True)
+    ys = grouped_gemm(hid, w2, offs, rows, nt=nt, shared=s2, shared_first=T * k, active=active, groups=groups)
     return combine(ys, pos, weight.float(), T * k if shared is not None else None)
 
 

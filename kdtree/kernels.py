@@ -16,9 +16,18 @@ Two compilers:
 Launches take raw device pointers of torch tensors (``ptr(t)``) and run on
 ``torch.cuda.current_stream()`` fetched at every launch, which is what makes them capturable
 in a ``torch.cuda.graph``. Memory is always allocated by torch, never by CuPy.
+
+``launch(..., pdl=True)`` asks for programmatic dependent launch on sm_90 (the driver's
+``cuLaunchKernelEx`` through ctypes, attribute programmatic stream serialization): the kernel
+may start while the one before it in the stream still runs, once every block of that one has
+executed ``griddepcontrol.launch_dependents`` (or exited). Such a kernel must execute
+``griddepcontrol.wait`` (``pdl_wait`` in ``cuda/pdl.cuh``) before it reads anything the kernel
+before it writes, and before it writes any global memory at all: torch's allocator may have
+handed it memory that the kernel before it still reads.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -168,11 +177,62 @@ def ptr(t) -> np.uint64:
 _SMEM_LIMIT: dict[tuple[int, int], int] = {}  # (id(kernel), device) -> dynamic smem limit set
 
 
-def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None) -> None:
+class _LaunchAttribute(ctypes.Structure):   # CUlaunchAttribute: id, pad to 8, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):      # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)),
+                ("num_attrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6     # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_CTYPES = {np.uint64: ctypes.c_uint64, np.int32: ctypes.c_int32, np.float32: ctypes.c_float,
+           np.int64: ctypes.c_int64, np.uint32: ctypes.c_uint32}
+
+
+@functools.lru_cache(maxsize=None)
+def _driver():
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                     ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+    lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(idx: int) -> bool:
+    import torch
+
+    return torch.cuda.get_device_capability(idx)[0] >= 9
+
+
+def _launch_pdl(fn, grid, block, args, shared_mem: int, stream: int) -> None:
+    """``fn`` by ``cuLaunchKernelEx`` with programmatic stream serialization allowed."""
+    vals = [_CTYPES[type(a)](a) for a in args]
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+    attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1
+    g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream,
+                        ctypes.pointer(attr), 1)
+    lib = _driver()
+    handle = getattr(fn, "kernel", fn).ptr   # RawKernel -> its Function on the current device
+    err = lib.cuLaunchKernelEx(ctypes.byref(cfg), handle, params, None)
+    if err:
+        msg = ctypes.c_char_p()
+        lib.cuGetErrorString(err, ctypes.byref(msg))
+        raise RuntimeError(f"cuLaunchKernelEx: {(msg.value or b'').decode()} (CUresult {err})")
+
+
+def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None, pdl: bool = False) -> None:
     """Launch ``fn`` on torch's current stream for ``device`` (fetched now, so graphs capture it).
 
     ``args`` are kernel arguments already converted (``ptr(t)``, ``np.int32(x)``...). The
     dynamic shared-memory limit is raised once per kernel and device, not queried per launch.
+    ``pdl``: programmatic dependent launch where the device has it (sm_90 and later; the module
+    docstring says what the kernel must do), a plain launch elsewhere.
     """
     import cupy
     import torch
@@ -186,7 +246,10 @@ def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None) -> None:
         if shared_mem > 48 * 1024 and _SMEM_LIMIT.get(key, 48 * 1024) < shared_mem:
             fn.max_dynamic_shared_size_bytes = shared_mem
             _SMEM_LIMIT[key] = shared_mem
-        fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)
+        if pdl and _pdl_capable(idx):
+            _launch_pdl(fn, grid, block, args, shared_mem, stream.ptr)
+        else:
+            fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)
 
 
 def cuda_available() -> bool:

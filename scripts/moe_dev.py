@@ -1,6 +1,6 @@
 """The router kernels on one GPU beside the torch router, then the whole MoE layer with each.
 
-Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|all]   (prints tables; one device call)
+Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|all]   (prints tables; one device call)
 
 router: for the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17,
 65, 128): ``kdtree.experts.route`` with the "fma" kernel (default shape) and the "mma" kernel,
@@ -10,6 +10,10 @@ then timed by graph replay, warm L2 (five calls per graph: the 11 MB gate stays 
 cold L2 (one call per graph after a flush: the gate comes from HBM, as in the layer, where the
 experts' weights evict it); the torch router (float32 GEMM, sigmoid, top-k, renormalisation)
 timed the same way (warm). The HBM fraction is the gate's bytes over the time.
+
+stages: ``kdtree.bench.moe.stage_breakdown`` of the kimi_k2_ep8 layer (bf16, kernel path) at
+T = 1, 17, 65 under its own router and at T = 17 under Zipf (a = 1.2), and ``run_moe_bench``'s
+whole-layer rows at those points (time, HBM fraction against this run's ceiling).
 
 layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
 65, graph replay, this run's measured HBM bandwidth) once with each router kernel as
@@ -22,7 +26,7 @@ import torch
 
 from kdtree import experts as ek
 from kdtree.bench.ceilings import measure_ceilings
-from kdtree.bench.moe import moe_layer, run_moe_bench
+from kdtree.bench.moe import moe_layer, routing_ids, run_moe_bench, stage_breakdown
 from kdtree.bench.timing import time_graph
 from kdtree.engine.config import get_config
 
@@ -78,3 +82,25 @@ if STEPS in ("layer", "all"):
     print(lay[["router", "routing", "tokens", "distinct", "median_us", "p20_us", "p80_us", "gemm_us",
                "hbm_fraction", "error"]].round(3).to_string(index=False), flush=True)
     print(lay.pivot_table(index=["routing", "tokens"], columns="router", values="hbm_fraction").round(3).to_string())
+
+if STEPS in ("stages", "all"):
+    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    frames = []
+    for routing, T in (("model", 1), ("model", 17), ("model", 65), ("zipf", 17)):
+        x = torch.randn(T, moe.w1.shape[2], generator=gen).to("cuda", torch.bfloat16)
+        expert = moe.route(x)[1] if routing == "model" else \
+            routing_ids("zipf", T, moe.n_routed, moe.k, zipf_a=1.2, generator=gen).cuda()
+        frames.append(stage_breakdown(moe, x, expert).assign(routing=routing))
+    st = pd.concat(frames)
+    st["hbm_fraction"] = st.weight_bytes / (st.median_us * 1e-6) / c.hbm_bw
+    print(st.pivot_table(index="stage", columns=["routing", "tokens"], values="median_us", sort=False).round(1)
+          .to_string(), flush=True)
+    print(st[st.stage == "whole"][["routing", "tokens", "distinct", "median_us", "p20_us", "p80_us",
+                                   "hbm_fraction"]].round(3).to_string(index=False), flush=True)
+    del moe
+    torch.cuda.empty_cache()
+    d = run_moe_bench("kimi_k2_ep8", tokens=(1, 17, 65), routings=("model", "zipf"), zipf_a=1.2, fp8=False,
+                      ceilings=c)
+    print(d[d.variant == "bf16"][["routing", "tokens", "distinct", "kernels", "median_us", "p20_us", "p80_us",
+                                  "hbm_fraction", "error"]].round(3).to_string(index=False), flush=True)

@@ -18,7 +18,9 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
     """(got, reference, positions) of one ``grouped_gemm`` call: float64 reference on the host.
 
     ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
-    as top-k routing does); otherwise x holds the positions' rows in order. ``shared`` (Ns, Ks,
+    as top-k routing does) and the grid has one row per expert with tokens (``active``, as the
+    layer launches it, with the fewest rows that hold them); otherwise x holds the positions'
+    rows in order and the grid one row per expert. ``shared`` (Ns, Ks,
     tokens): an extra group of that shape over ``tokens`` positions after the routed rows; then
     ``got`` and the reference are flat: the routed rows, then the extra group's first Ns columns.
     """
@@ -46,6 +48,9 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
             r = r / (1 + torch.exp(-r)) * (xs @ su.double().T)
         ref = torch.cat((ref.flatten(), r.flatten()))       # the routed [P, N] and the shared [S, Ns]
         kw = dict(shared=sw.cuda(), shared_up=None if su is None else su.cuda(), shared_first=first)
+    if gather:
+        nz = [e for e, c in enumerate(counts) if c]
+        kw |= dict(active=torch.tensor(nz + [-1] * (E - len(nz)), dtype=torch.int32).cuda(), groups=max(1, len(nz)))
     got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
                           rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, **kw)
     got = torch.cat((got[:P].flatten(), got[first:, :Ns].flatten())) if shared is not None else got[:P]

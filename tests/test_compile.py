@@ -28,3 +28,14 @@ def test_nvrtc_compiles_for_sm90(name):
 def test_headers_are_inlined():
     for name in kernels.sources():
         assert '#include "' not in kernels.read_source(name)
+
+
+def test_pdl_launch_structs_match_cuda_h():
+    """The ctypes mirrors of CUlaunchConfig and CUlaunchAttribute have cuda.h's layout (x86-64):
+    a wrong offset would hand the driver a garbage stream or attribute list."""
+    import ctypes
+
+    cfg, attr = kernels._LaunchConfig, kernels._LaunchAttribute
+    assert ctypes.sizeof(attr) == 72 and attr.value.offset == 8
+    assert (cfg.shared_mem.offset, cfg.stream.offset, cfg.attrs.offset, cfg.num_attrs.offset) == (24, 32, 40, 48)
+    assert ctypes.sizeof(cfg) == 56

@@ -423,11 +423,13 @@ def test_permute_invariants():
     expert = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)])
     expert[:5] = torch.arange(8, device="cuda")              # all-local tokens
     expert[5] = torch.arange(100, 108, device="cuda")        # nothing local
-    offs, rowidx, pos = ek.permute(expert, El)
+    offs, rowidx, pos, active = ek.permute(expert, El)
     flat = expert.flatten().cpu()
     local = flat < El
     counts = torch.bincount(flat[local], minlength=El)
     assert torch.equal(offs.cpu().long(), counts.cumsum(0))
+    nz = torch.nonzero(counts).flatten()
+    assert torch.equal(active.cpu().long(), torch.cat((nz, torch.full((El - nz.numel(),), -1))))
     p = pos.cpu().long()
     assert (p[~local] == -1).all() and torch.equal(p[local].sort().values, torch.arange(int(local.sum())))
     assert torch.equal(rowidx.cpu().long()[p[local]], torch.arange(T * k)[local] // k)
@@ -468,6 +470,22 @@ def test_moe_kernels_under_compute_sanitizer():
                          timeout=600)
     out = res.stdout + res.stderr
     assert res.returncode == 0 and "ERROR SUMMARY: 0 errors" in out and "selfcheck ok" in out, out[-3000:]
+
+
+@pytest.mark.gpu
+def test_grouped_gemm_rejects_bad_grid_rows():
+    """``groups`` and ``active`` are checked before the launch, each error naming its argument."""
+    x = torch.zeros(4, 256, dtype=torch.bfloat16, device="cuda")
+    w = torch.zeros(3, 32, 256, dtype=torch.bfloat16, device="cuda")
+    offs = torch.tensor([2, 4, 4], dtype=torch.int32, device="cuda")
+    active = torch.tensor([0, 1, -1], dtype=torch.int32, device="cuda")
+    for bad in (0, 4, 1.5):
+        with pytest.raises(ValueError, match="groups: expected an int in 1..3"):
+            ek.grouped_gemm(x, w, offs, 4, active=active, groups=bad)
+    with pytest.raises(ValueError, match=r"active: expected int32 \[3\]"):
+        ek.grouped_gemm(x, w, offs, 4, active=active.long(), groups=2)
+    with pytest.raises(ValueError, match="groups: expected 3 .* without active"):
+        ek.grouped_gemm(x, w, offs, 4, groups=2)
 
 
 def test_kernel_entry_points_reject_bad_input():
