@@ -407,7 +407,7 @@ def combine(ys: torch.Tensor, pos: torch.Tensor, weight: torch.Tensor, shared_fi
     if T == 0:
         return out
     fn = _kernel("moe_combine", _index(ys.device), (("MOE_TOPK", k),))
-    launch(fn, (T,), (256,), (ptr(ys), ptr(pos.contiguous()), ptr(weight.contiguous()),
+    launch(fn, (T, -(-D // 1024)), (256,), (ptr(ys), ptr(pos.contiguous()), ptr(weight.contiguous()),
                               np.int32(-1 if shared_first is None else shared_first), ptr(out), np.int32(D)),
            device=ys.device, pdl=True)
     return out

@@ -1,6 +1,6 @@
 """The router kernels on one GPU beside the torch router, then the whole MoE layer with each.
 
-Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|all]   (prints tables; one device call)
+Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|all]   (prints tables; one device call)
 
 router: for the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17,
 65, 128): ``kdtree.experts.route`` with the "fma" kernel (default shape) and the "mma" kernel,
@@ -15,10 +15,14 @@ stages: ``kdtree.bench.moe.stage_breakdown`` of the kimi_k2_ep8 layer (bf16, ker
 T = 1, 17, 65 under its own router and at T = 17 under Zipf (a = 1.2), and ``run_moe_bench``'s
 whole-layer rows at those points (time, HBM fraction against this run's ceiling).
 
+shapes: the kimi_k2_ep8 layer's gate/up and down grouped GEMMs alone (graph replay, L2 warm) at
+T = 1, 17, 65 under its own router, for (warps splitting K, ring depth) in ``SHAPE_TRIALS``.
+
 layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
 65, graph replay, this run's measured HBM bandwidth) once with each router kernel as
 ``kdtree.experts.ROUTER_KERNEL``: the layer's time and its fraction of HBM bandwidth.
 """
+import functools
 import sys
 
 import pandas as pd
@@ -104,3 +108,34 @@ if STEPS in ("stages", "all"):
                       ceilings=c)
     print(d[d.variant == "bf16"][["routing", "tokens", "distinct", "kernels", "median_us", "p20_us", "p80_us",
                                   "hbm_fraction", "error"]].round(3).to_string(index=False), flush=True)
+
+SHAPE_TRIALS = ((4, 4), (4, 5), (2, 8), (2, 10), (8, 3), (8, 2))
+if STEPS in ("shapes", "all"):
+    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    sh = (moe.shared.w1.weight, moe.shared.w3.weight, moe.shared.w2.weight)
+    rows_out = []
+    for T in (1, 17, 65):
+        x = torch.randn(T, moe.w1.shape[2], generator=gen).to("cuda", torch.bfloat16)
+        expert = moe.route(x)[1]
+        E, k = moe.w1.shape[0], moe.k
+        offs, rowidx, pos, active = ek.permute(expert, E)
+        nt, rows, groups = ek.chunk_tiles(T, k, moe.n_routed), T * k + T, min(E, T * k)
+        common = dict(nt=nt, shared_first=T * k, active=active, groups=groups)
+        gu = dict(x=x, w=moe.w1, offs=offs, rows=rows, up=moe.w3, rowidx=rowidx, shared=sh[0], shared_up=sh[1], **common)
+        hid = ek.grouped_gemm(**gu)
+        dn = dict(x=hid, w=moe.w2, offs=offs, rows=rows, shared=sh[2], **common)
+        for shape in SHAPE_TRIALS:
+            if ek.smem_bytes(nt, *shape) > 227 * 1024:
+                continue
+            for name, kw in (("gate_up", gu), ("down", dn)):
+                fn = functools.partial(ek.grouped_gemm, shape=shape, **kw)
+                try:
+                    fn()
+                except ValueError:   # the shape does not divide this GEMM's K (the shared down's 256)
+                    continue
+                t = time_graph(fn, reps=20, calls_per_graph=3)
+                rows_out.append(dict(T=T, nt=nt, stage=name, shape=f"{shape[0]}x{shape[1]}", us=t.median_us))
+    sp = pd.DataFrame(rows_out)
+    print(sp.pivot_table(index=["stage", "T"], columns="shape", values="us", sort=False).round(1).to_string(),
+          flush=True)
