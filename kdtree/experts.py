@@ -50,6 +50,13 @@ ROUTER_SLICES = 16       # the mma router's K slices (blocks per expert tile)
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
 SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
+# The layer's gate/up GEMM at up to GATE_UP_SMALL_T tokens: eight warps, three stages (one block
+# per SM), where K is a multiple of 512. On an H200 (scripts/moe_dev.py gushape,
+# results/moe/t1_h200/gushape.log, kimi_k2_ep8, both shapes alternating in one process) the
+# layer took 40.5 us against 42.0 at T = 1, but 354 against 350 at T = 17 (Zipf: 261 against 256)
+# and 710 against 716 at T = 65; T between 1 and 17 was not measured.
+GATE_UP_SMALL_T = 8
+GATE_UP_SMALL_SHAPE = (8, 3)
 _SRC = "moe_grouped"
 _COUNTERS: dict[int, torch.Tensor] = {}
 
@@ -73,6 +80,14 @@ def chunk_tiles(tokens: int, k: int, experts: int) -> int:
     """
     mean = tokens * k / experts
     return 1 if mean <= 2 else (2 if mean <= 6 else 4)
+
+
+def gate_up_shape(tokens: int, dim: int) -> tuple[int, int] | None:
+    """(warps, ring depth) of the layer's gate/up GEMM for ``tokens`` tokens of width ``dim``:
+    ``GATE_UP_SMALL_SHAPE`` up to ``GATE_UP_SMALL_T`` tokens where ``dim`` divides into its warps'
+    64-wide steps, else None (``SHAPES``)."""
+    warps = GATE_UP_SMALL_SHAPE[0]
+    return GATE_UP_SMALL_SHAPE if tokens <= GATE_UP_SMALL_T and dim % (64 * warps) == 0 else None
 
 
 def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
@@ -461,8 +476,9 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
     rows = T * k + (T if shared is not None else 0)
     offs, rowidx, pos, active = permute(expert, E)
     groups = min(E, T * k)  # at most this many experts have tokens
+    gu = gate_up_shape(T, d)
     hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, nt=nt, shared=s1, shared_up=s3, shared_first=T * k,
-                       active=active, groups=groups, x_ready=True)
+                       active=active, groups=groups, x_ready=True, shape=gu)
     ys = grouped_gemm(hid, w2, offs, rows, nt=nt, shared=s2, shared_first=T * k, active=active, groups=groups)
     return combine(ys, pos, weight.float(), T * k if shared is not None else None)
 

@@ -502,4 +502,8 @@ def test_kernel_entry_points_reject_bad_input():
     with pytest.raises(ValueError, match="shared_first"):
         ek.combine(torch.zeros(4, 8), torch.zeros(4, dtype=torch.int32), torch.zeros(2, 2), 3)
     assert not ek.supported(x, w, w, 2)                       # CPU tensors take the torch path
+    small = ek.GATE_UP_SMALL_SHAPE
+    assert ek.gate_up_shape(1, 7168) == small and ek.gate_up_shape(ek.GATE_UP_SMALL_T, 7168) == small
+    assert ek.gate_up_shape(ek.GATE_UP_SMALL_T + 1, 7168) is None   # more tokens: SHAPES
+    assert ek.gate_up_shape(1, 64 * small[0] + 256) is None          # K not in whole steps of its warps
     assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]

@@ -1,0 +1,93 @@
+"""Markdown tables for the perf log, each generated from one committed run.
+
+    python scripts/perf_tables.py verify-grid results/verify_table_h200/49e9c69
+    python scripts/perf_tables.py moe results/moe/h200_05_0f96448
+
+verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
+meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
+reach the bar, with the fraction's minimum, median and maximum, all against the ceilings that
+same run measured; then ``fused`` against ``cascade`` and against the first wgmma kernel.
+
+moe: the 05 notebook's table (``05.parquet``, ``05.meta.json``, ``ceilings.json``): the bf16
+layer's fraction of HBM bandwidth and its time per routing and T, the kernel path's stage
+breakdown, and the step model's validation.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+
+def _spread(v: pd.Series) -> str:
+    return f"{v.min():.2f} / {v.median():.2f} / {v.max():.2f}"
+
+
+def verify_grid(run: str) -> str:
+    folder = Path(run)
+    d = pd.read_parquet(next(folder.glob("*.parquet")))
+    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    f = d[d.config == "fused"].copy()
+    groups = [
+        ("H = 64, B >= 4 or N >= 129 or P >= 16384", "frac_bf16", 0.80,
+         (f.H == 64) & ((f.B >= 4) | (f.N >= 129) | (f.P >= 16384))),
+        ("H = 64, B = 1, N in {33, 65}, P = 4096", "frac_bf16", 0.60,
+         (f.H == 64) & (f.B == 1) & f.N.isin([33, 65]) & (f.P == 4096)),
+        ("H in {8, 16, 32}, HBM-bound", "frac_hbm", 0.80, (f.H < 64) & (f.roof == "hbm")),
+        ("H in {8, 16, 32}, bf16-bound", "frac_bf16", 0.65, (f.H < 64) & (f.roof == "bf16")),
+    ]
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}, default kernel "
+           f"`{meta['default_fused_impl']}`, SM clock {meta['sm_clock_min_mhz']:.0f}-{meta['sm_clock_max_mhz']:.0f} "
+           f"MHz during the timed work; ceilings measured in that run: HBM {meta['ceiling_hbm_bw'] / 1e12:.2f} TB/s, "
+           f"dense bf16 {meta['ceiling_bf16_flops'] / 1e12:.0f} TFLOP/s; {meta['timing']}).", "",
+           "| shapes (`fused`) | points | bar | at or above | fraction min / median / max |", "|---|---|---|---|---|"]
+    for name, col, bar, mask in groups:
+        g = f[mask]
+        out.append(f"| {name} | {len(g)} | {bar:.2f} of {'HBM' if col == 'frac_hbm' else 'bf16'} | "
+                   f"{int((g[col] >= bar).sum())} | {_spread(g[col]) if len(g) else '-'} |")
+    key = ["B", "N", "H", "P"]
+    fu = f.set_index(key).us
+    out += ["", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]
+    for other in ("cascade", "fused_wgmma"):
+        o = d[(d.config == other) & d.us.notna()].set_index(key).us
+        r = (fu / o).dropna()
+        out.append(f"| `{other}` | {len(r)} | {int((r > 1).sum())} | {_spread(r)} |")
+    return "\n".join(out)
+
+
+def moe(run: str) -> str:
+    folder = Path(run)
+    d = pd.read_parquet(folder / "05.parquet")
+    meta = json.loads((folder / "05.meta.json").read_text())
+    ceil = json.loads((folder / "ceilings.json").read_text())
+    m = d[(d.table == "moe") & (d.variant == "bf16")]
+    tokens = sorted(m.tokens.unique())
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}, SM clock {meta['sm_clock_mhz']:.0f} MHz; "
+           f"HBM {ceil['hbm_bw'] / 1e12:.2f} TB/s measured in that call; `kimi_k2_ep8` layer, bf16 kernel path, "
+           f"graph replay, L2 warm).", "",
+           "| routing | " + " | ".join(f"T = {t:.0f}" for t in tokens) + " |", "|---" * (len(tokens) + 1) + "|"]
+    for routing, g in m.groupby("routing", sort=False):
+        g = g.set_index("tokens")
+        out.append(f"| {routing} | " + " | ".join(
+            f"{g.loc[t, 'median_us']:.1f} us, {g.loc[t, 'hbm_fraction']:.3f}" for t in tokens) + " |")
+    b = d[(d.table == "breakdown") & (d.path == "kernels")]
+    out += ["", "| stage (us) | " + " | ".join(f"T = {t:.0f}" for t in tokens) + " |",
+            "|---" * (len(tokens) + 1) + "|"]
+    for stage, g in b.groupby("stage", sort=False):
+        g = g.set_index("tokens")
+        out.append(f"| {stage} | " + " | ".join(f"{g.loc[t, 'median_us']:.1f}" if t in g.index else "-"
+                                                for t in tokens) + " |")
+    v = d[d.table == "validation"]
+    within = int(((v.ratio - 1).abs() <= 0.15).sum())
+    out += ["", f"Step model against the measured step: {within} of {len(v)} within 15% "
+                f"(predicted / measured {v.ratio.min():.3f} to {v.ratio.max():.3f})."]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    kinds = {"verify-grid": verify_grid, "moe": moe}
+    if len(sys.argv) != 3 or sys.argv[1] not in kinds:
+        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER")
+    print(kinds[sys.argv[1]](sys.argv[2]))
