@@ -429,7 +429,8 @@ def combine(ys: torch.Tensor, pos: torch.Tensor, weight: torch.Tensor, shared_fi
 
 
 def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
-                   w2: torch.Tensor, shared: tuple | None = None, experts_total: int | None = None) -> torch.Tensor:
+                   w2: torch.Tensor, shared: tuple | None = None, experts_total: int | None = None,
+                   x_ready: bool = False) -> torch.Tensor:
     """The weighted sum [T, dim] of each token's local experts (``MoE.experts``), plus the shared expert.
 
     Parameters
@@ -449,6 +450,11 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
         launches and added with weight 1.
     experts_total : int, optional
         Global experts the router chooses from (sizes the token chunks); default E.
+    x_ready : bool
+        x was complete before the kernel launched just before this call ran (in the layer,
+        the router's: x comes before it): the shared expert's gate/up blocks then stream x and
+        their weights while that kernel still runs (``grouped_gemm``'s ``x_ready``). False when
+        the kernel just before may still be writing x.
     """
     _check_bf16("x", x, 2)
     for name, w in (("w1", w1), ("w3", w3), ("w2", w2)):
@@ -478,7 +484,7 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
     groups = min(E, T * k)  # at most this many experts have tokens
     gu = gate_up_shape(T, d)
     hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, nt=nt, shared=s1, shared_up=s3, shared_first=T * k,
-                       active=active, groups=groups, x_ready=True, shape=gu)
+                       active=active, groups=groups, x_ready=x_ready, shape=gu)
     ys = grouped_gemm(hid, w2, offs, rows, nt=nt, shared=s2, shared_first=T * k, active=active, groups=groups)
     return combine(ys, pos, weight.float(), T * k if shared is not None else None)
 

@@ -208,15 +208,23 @@ def _pdl_capable(idx: int) -> bool:
     return torch.cuda.get_device_capability(idx)[0] >= 9
 
 
-def _launch_pdl(fn, grid, block, args, shared_mem: int, stream: int) -> None:
-    """``fn`` by ``cuLaunchKernelEx`` with programmatic stream serialization allowed."""
-    vals = [_CTYPES[type(a)](a) for a in args]
-    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+@functools.lru_cache(maxsize=None)
+def _pss_attribute() -> _LaunchAttribute:
+    """The one launch attribute of a programmatic dependent launch (read by the driver during the
+    call only, so one object serves every launch)."""
     attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value[0] = 1
+    return attr
+
+
+def _launch_pdl(fn, grid, block, args, shared_mem: int, stream: int) -> None:
+    """``fn`` by ``cuLaunchKernelEx`` with programmatic stream serialization allowed. Built for
+    little host time (an eager layer makes several launches): argument values by address, the
+    attribute shared."""
+    vals = [_CTYPES[type(a)](a) for a in args]
+    params = (ctypes.c_void_p * len(vals))(*map(ctypes.addressof, vals))
     g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-    cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream,
-                        ctypes.pointer(attr), 1)
+    cfg = _LaunchConfig(g, b, shared_mem, stream, ctypes.pointer(_pss_attribute()), 1)
     lib = _driver()
     handle = getattr(fn, "kernel", fn).ptr   # RawKernel -> its Function on the current device
     err = lib.cuLaunchKernelEx(ctypes.byref(cfg), handle, params, None)

@@ -82,7 +82,10 @@ def moe(run: str) -> str:
     v = d[d.table == "validation"]
     within = int(((v.ratio - 1).abs() <= 0.15).sum())
     out += ["", f"Step model against the measured step: {within} of {len(v)} within 15% "
-                f"(predicted / measured {v.ratio.min():.3f} to {v.ratio.max():.3f})."]
+                f"(predicted / measured {v.ratio.min():.3f} to {v.ratio.max():.3f}).", "",
+            "| preset | points | predicted / measured, min | max |", "|---|---|---|---|"]
+    for preset, g in v.groupby("preset", sort=False):
+        out.append(f"| {preset} | {len(g)} | {g.ratio.min():.3f} | {g.ratio.max():.3f} |")
     return "\n".join(out)
 
 

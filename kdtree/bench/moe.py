@@ -350,7 +350,7 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
 
                 def call(x=x, expert=expert, moe=moe):
                     w, _ = moe.route(x)                       # the router runs; its choice is replaced
-                    return moe.experts(x, w, expert, shared=True)
+                    return moe.experts(x, w, expert, shared=True, after_router=True)
 
                 t = (time_graph(call, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)
                      if cuda else time_host(call, reps=3 if quick else 10, warmup=1))
@@ -471,7 +471,7 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
 
     def whole():
         w, _ = moe.route(x)
-        return moe.experts(x, w, expert, shared=True)
+        return moe.experts(x, w, expert, shared=True, after_router=True)
 
     stages.append(("whole", whole, gate_bytes + distinct * 3 * h * d * wb + 3 * hs * d * sb))
     rows = [dict(path=path, stage=name, tokens=T, distinct=distinct, weight_bytes=float(nbytes), **timer(fn).as_dict())
