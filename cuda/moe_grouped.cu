@@ -8,8 +8,8 @@
 // * moe_permute (one block): counts the (token, slot) pairs per local expert, scans them into
 //   the group ends ``offs``, and writes for every local slot its position in expert order
 //   (``pos``, -1 for other ranks' slots), per position the token it comes from (``rowidx``),
-//   and the experts that have tokens, in ascending order (``active``, -1 past the last). The order inside an expert follows shared-memory atomics, so it may change
-//   from run to run; nothing downstream depends on it (each token's rows are computed alone
+//   and the experts that have tokens, in ascending order (``active``, -1 past the last). The
+//   order inside an expert follows shared-memory atomics, so it may change from run to run; nothing downstream depends on it (each token's rows are computed alone
 //   and the combine sums a token's slots in slot order).
 // * moe_grouped_gemm: out[p, n] = sum_k x[row(p), k] w[e, n, k] for the positions p of expert e.
 //   Block (row tile, group): the shared expert's chunks first, then one grid row per expert
@@ -311,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 // float32; shared_first: the position of token 0's shared-expert row (token t's at shared_first +
 // t, added with weight 1), or -1; out [tokens, dim] bf16. grid (tokens, column slices), dim % 4 == 0:
 // block (t, c) takes columns 4 (c blockDim + threadIdx) + 4 blockDim gridDim.y j (a single token's
-// 7168 columns in one block were a chain of dependent loads: 3.9 us at T = 1).
+// 7168 columns in one block were a chain of dependent loads).
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ ys, const int* __restrict__ pos, const float* __restrict__ weight,
                 int shared_first, moe_bf16* __restrict__ out, int dim) {

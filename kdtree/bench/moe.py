@@ -428,7 +428,8 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
 
         def gate_up():
             return ek.grouped_gemm(x, moe.w1, offs, rows, up=moe.w3, rowidx=rowidx, nt=nt, shared=sh[0],
-                                   shared_up=sh[1], shared_first=T * k, active=active, groups=groups)
+                                   shared_up=sh[1], shared_first=T * k, active=active, groups=groups,
+                                   shape=ek.gate_up_shape(T, d))
 
         hid = gate_up()
 
