@@ -1,6 +1,6 @@
 """The router kernels on one GPU beside the torch router, then the whole MoE layer with each.
 
-Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|gushape|all]   (prints tables; one device call)
+Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|streamk|all]   (prints tables; one device call)
 
 router: for the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17,
 65, 128): ``kdtree.experts.route`` with the "fma" kernel (default shape) and the "mma" kernel,
@@ -18,11 +18,10 @@ whole-layer rows at those points (time, HBM fraction against this run's ceiling)
 shapes: the kimi_k2_ep8 layer's gate/up and down grouped GEMMs alone (graph replay, L2 warm) at
 T = 1, 17, 65 under its own router, for (warps splitting K, ring depth) in ``SHAPE_TRIALS``.
 
-gushape: the whole layer (``run_moe_bench``, T = 1, 17, 65, model and Zipf routing) with the gate/up
-GEMM's small-T shape (``kdtree.experts.GATE_UP_SMALL_SHAPE``) used up to each of ``GU_TRIALS``
-tokens (``GATE_UP_SMALL_T``; 0: never), alternating, in one process. (Its committed log,
-``results/moe/t1_h200/gushape.log``, ran the same comparison when the shape applied to every
-T of one token tile: its columns ``{1: (8, 3)}`` and ``{}``.)
+streamk: the whole layer (``run_moe_bench``, T = 1, 4, 8, 17, model and Zipf routing) on the grid
+of ``moe_grouped_gemm`` (``STREAMK_MAX_T`` = 0) and with stream-K in each shape of ``SK_TRIALS``,
+alternating, twice, in one process. (The ``gushape`` step, which compared the gate/up GEMM's
+(8, 3) shape on that grid, ran at 0f96448: ``results/moe/t1_h200/gushape.log``.)
 
 layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
 65, graph replay, this run's measured HBM bandwidth) once with each router kernel as
@@ -146,18 +145,25 @@ if STEPS in ("shapes", "all"):
     print(sp.pivot_table(index=["stage", "T"], columns="shape", values="us", sort=False).round(1).to_string(),
           flush=True)
 
-GU_TRIALS = (1024, 0)
-if STEPS in ("gushape", "all"):
-    default, frames = ek.GATE_UP_SMALL_T, []
+# (label, STREAMK_MAX_T, gate/up shape, down shape): the grid of moe_grouped_gemm, then stream-K shapes
+SK_TRIALS = (("grid", 0, None, None), ("sk 8x3 / 4x4", 8, (8, 3), (4, 4)), ("sk 8x3 / 4x6", 8, (8, 3), (4, 6)),
+             ("sk 4x4 / 4x4", 8, (4, 4), (4, 4)))
+if STEPS in ("streamk", "all"):
+    default, frames = (ek.STREAMK_MAX_T, dict(ek.STREAMK_SHAPES)), []
     for rep in range(2):
-        for trial in GU_TRIALS:
-            ek.GATE_UP_SMALL_T = trial
-            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 17, 65), routings=("model", "zipf"), zipf_a=1.2, fp8=False,
-                              ceilings=c)
-            frames.append(d[d.variant == "bf16"].assign(trial=f"small shape up to T = {trial}", rep=rep))
+        for label, max_t, gu, dn in SK_TRIALS:
+            ek.STREAMK_MAX_T = max_t
+            ek.STREAMK_SHAPES.update({"gate_up": gu or default[1]["gate_up"], "down": dn or default[1]["down"]})
+            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 4, 8, 17), routings=("model", "zipf"), zipf_a=1.2,
+                              fp8=False, ceilings=c)
+            frames.append(d[d.variant == "bf16"].assign(trial=label, rep=rep))
             torch.cuda.empty_cache()
-    ek.GATE_UP_SMALL_T = default
+    ek.STREAMK_MAX_T, ek.STREAMK_SHAPES = default[0], default[1]
     g = pd.concat(frames)
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us").round(1).to_string())
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction").round(3)
-          .to_string(), flush=True)
+    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us", sort=False)
+          .round(1).to_string())
+    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction", sort=False)
+          .round(3).to_string(), flush=True)
+    bad = g[g.error.fillna("") != ""]
+    print("failed checks:", "none" if bad.empty else bad[["trial", "routing", "tokens", "error"]].to_string(),
+          "; largest check_error", g.check_error.max(), flush=True)
