@@ -108,6 +108,12 @@ def gemm_plan(tokens: int, k: int, dim: int, inter: int, shared_inter: int = 0,
     return plans[0], plans[1]
 
 
+def sk_blocks_per_sm(ksplit: int, stages: int) -> int:
+    """Blocks per SM of the stream-K grid in this shape: as many as the SM's 228 KB of shared
+    memory holds (1 KB reserved per block), at most 2."""
+    return max(1, min(2, 228 * 1024 // (smem_bytes(1, ksplit, stages) + 1024 + 64)))
+
+
 def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
     """Dynamic shared memory of a grouped-GEMM block: ksplit warps x stages x (8 + 2 nt) x 512 B."""
     return ksplit * stages * (8 + 2 * nt) * 32 * 16
@@ -345,8 +351,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         kernel still runs (programmatic dependent launch) and wait for it only before they
         store. False: every block waits first.
     streamk : bool
-        ``moe_grouped_gemm_sk``: one block per SM, each streaming the same share of every tile's
-        K steps, a tile split between blocks summed by the last of them to finish (``gemm_plan``:
+        ``moe_grouped_gemm_sk``: ``sk_blocks_per_sm`` blocks per SM, each streaming the same share
+        of the tiles' K steps, a tile split between blocks summed by the last of them to finish (``gemm_plan``:
         the layer at few tokens). Needs ``nt`` 1, ``active`` and at most 8 positions per group
         (a group with more computes its first 8 only; each token takes an expert once, so the
         layer's groups at up to 8 tokens hold at most 8); ``x_ready`` is ignored (the blocks
@@ -419,7 +425,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     s0 = shared if shared is not None else w
     if streamk:
         fn = _kernel("moe_grouped_gemm_sk", _index(x.device), defines)
-        blocks = torch.cuda.get_device_properties(x.device).multi_processor_count
+        blocks = torch.cuda.get_device_properties(x.device).multi_processor_count * sk_blocks_per_sm(ksplit, stages)
         ws = torch.empty(blocks * 2 * 256, dtype=torch.float32, device=x.device)
         cnt = _tile_counters(x.device, n_sh // tile + groups * (N // tile), STREAMK_COUNTERS)
         launch(fn, (blocks,), (32 * ksplit,),
