@@ -370,8 +370,11 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 // Before its pdl_wait each block prefetches its share of the shared expert's weights into L2
 // (cp.async.bulk.prefetch): they are inputs, complete before the layer's first kernel ran, and HBM
 // is otherwise idle while the router and the permutation finish.
-// Arguments as moe_grouped_gemm's, less ``early`` (every block reads x after its wait), plus
-// ``groups`` (entries of ``active`` to scan), ``ws`` and ``cnt`` (>= tiles int32, zero).
+// Each warp runs one cp.async pipeline over all of the block's steps, across tile boundaries (a
+// pipeline drained at every tile left the SM idle for a memory latency per tile: with one or two
+// blocks per SM nothing else covers it). Arguments as moe_grouped_gemm's, less ``early`` (every
+// block reads x after its wait), plus ``groups`` (entries of ``active`` to scan, at most
+// MOE_SK_GROUPS), ``ws`` and ``cnt`` (>= tiles int32, zero); at most MOE_SK_ROWS positions.
 __device__ __forceinline__ void moe_prefetch_l2(const void* base, long long bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const long long per = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~15LL;  // 16-byte multiples
@@ -386,6 +389,8 @@ __device__ __forceinline__ void moe_prefetch_l2(const void* base, long long byte
 }
 
 #if MOE_NT == 1
+#define MOE_SK_GROUPS 256  // entries of active a stream-K launch may scan
+#define MOE_SK_ROWS 512    // positions (routed and shared) a stream-K launch may have
 extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     moe_grouped_gemm_sk(const moe_bf16* __restrict__ x, const int* __restrict__ rowidx,
                         const moe_bf16* __restrict__ w0, const moe_bf16* __restrict__ w1,
@@ -393,7 +398,9 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
                         void* __restrict__ out, int n_out, const moe_bf16* __restrict__ s0,
                         const moe_bf16* __restrict__ s1, int n_shared, int k_shared, int shared_first,
                         int shared_tokens, float* __restrict__ ws, int* __restrict__ cnt) {
-  extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32], then the partial sums
+  // ring [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32] uint4, then red [MOE_KSPLIT][256] and tot [256] float32
+  extern __shared__ uint4 ring[];
+  __shared__ int s_first[MOE_SK_GROUPS], s_end[MOE_SK_GROUPS], s_row[MOE_SK_ROWS];
   __shared__ int s_active, s_last;
   if (threadIdx.x == 0 && shared_tokens > 0) {
     moe_prefetch_l2(s0, 2LL * n_shared * k_shared);
@@ -403,54 +410,114 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
   }
   pdl_wait();
   pdl_launch_dependents();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nthr = 32 * MOE_KSPLIT;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nthr = 32 * MOE_KSPLIT, g = lane >> 2;
+  // Each routed tile's expert and tokens, and every position's row of x, in shared memory: a
+  // step's copies are issued from these without a global load in between.
+  for (int a = threadIdx.x; a < groups; a += nthr) {
+    const int e = active[a];
+    s_first[a] = e < 0 ? 0 : (e ? offs[e - 1] : 0);
+    s_end[a] = e < 0 ? 0 : offs[e];
+  }
+  for (int p = threadIdx.x; p < shared_first; p += nthr) s_row[p] = rowidx ? rowidx[p] : p;
+  for (int p = shared_first + threadIdx.x; p < shared_first + shared_tokens; p += nthr)
+    s_row[p] = rowidx ? p - shared_first : p;
   if (warp == 0) {  // experts with tokens: active holds them first, then -1
     int n = 0;
     for (int a = lane; a - lane < groups; a += 32) n += __popc(__ballot_sync(0xffffffffu, a < groups && active[a] >= 0));
     if (lane == 0) s_active = n;
   }
   __syncthreads();
-  const long long G = gridDim.x, b = blockIdx.x;
+  const int G = gridDim.x, b = blockIdx.x;
   const int tsh = shared_tokens > 0 ? n_shared / MOE_ROWS : 0, tpe = n_out / MOE_ROWS;
   const int kss = k_shared / MOE_KSTRIDE, ksr = MOE_KSTEPS;
-  const long long SH = (long long)tsh * kss, I = SH + (long long)s_active * tpe * ksr;
-  auto tile_of = [&](long long it) { return (int)(it < SH ? it / kss : tsh + (it - SH) / ksr); };
-  auto block_of = [&](long long it) { return (int)(((it + 1) * G - 1) / I); };  // the block whose steps hold it
-  const long long lo = b * I / G, hi = (b + 1) * I / G;
+  const int SH = tsh * kss, I = SH + s_active * tpe * ksr;
+  auto tile_of = [&](int it) { return it < SH ? it / kss : tsh + (it - SH) / ksr; };
+  auto tile_start = [&](int t) { return t < tsh ? t * kss : SH + (t - tsh) * ksr; };
+  auto block_of = [&](int it) { return (int)(((long long)(it + 1) * G - 1) / I); };  // the block whose steps hold it
+  const int lo = (int)((long long)b * I / G), hi = (int)((long long)(b + 1) * I / G);
+  if (lo >= hi) return;
   const int first_tile = tile_of(lo);
   const long long kofs = (long long)warp * 64 + (lane & 3) * 8;
   uint4* mine = ring + warp * MOE_STAGES * MOE_NSLOT * 32 + lane;
   const moe_u32 mine_s = (moe_u32)__cvta_generic_to_shared(mine);
-  float* tot = reinterpret_cast<float*>(ring) + MOE_KSPLIT * 256;  // [256]: the block's sums of a tile
-  for (long long it = lo; it < hi;) {
-    const int t = tile_of(it);
-    const bool sh = t < tsh;
-    const int kt = sh ? kss : ksr;
-    const long long t0 = sh ? (long long)t * kss : SH + (long long)(t - tsh) * ksr;  // the tile's first step
-    const int k0 = (int)(it - t0), k1 = (int)min((long long)kt, hi - t0);
-    it = t0 + k1;
-    int r0, first, end, e = 0;
-    if (sh) {
+  float* red = reinterpret_cast<float*>(ring + MOE_KSPLIT * MOE_STAGES * MOE_NSLOT * 32);
+  float* tot = red + MOE_KSPLIT * 256;
+  // The tile of step it: rows r0, positions first .. end - 1 (at most 8), expert e (shared: -1).
+  auto tile_info = [&](int t, int& r0, int& first, int& end, int& e) {
+    if (t < tsh) {
       r0 = t * MOE_ROWS;
       first = shared_first;
       end = shared_first + shared_tokens;
+      e = -1;
     } else {
-      e = active[(t - tsh) / tpe];
-      r0 = ((t - tsh) % tpe) * MOE_ROWS;
-      first = e ? offs[e - 1] : 0;
-      end = offs[e];
+      const int a = (t - tsh) / tpe;
+      r0 = (t - tsh - a * tpe) * MOE_ROWS;
+      first = s_first[a];
+      end = s_end[a];
+      e = active[a];
     }
     end = min(end, first + 8);
+  };
+  // One pipeline over the block's steps, across tile boundaries: the copies of the next
+  // MOE_STAGES - 1 steps are in flight while a tile's sums are stored.
+  auto issue = [&](int stage, int it) {
+    const int t = tile_of(it), k = it - tile_start(t);
+    int r0, first, end, e;
+    tile_info(t, r0, first, end, e);
     const moe_bf16* arow[4];
-    moe_weight_rows(arow, sh, w0, w1, s0, s1, e, n_out, r0, k_shared, kofs);
-    const moe_bf16* brow[1];
-    int bbytes[1];
-    moe_token_rows(brow, bbytes, x, rowidx, sh, shared_first, first, end, kofs);
-    float acc[2][MOE_NT][4];
-    moe_steps(acc, arow, brow, bbytes, k0, k1, mine, mine_s);
-    const float* red = moe_warp_partials(acc, ring);
+    moe_weight_rows(arow, t < tsh, w0, w1, s0, s1, e, n_out, r0, k_shared, kofs);
+    const int p = first + g;
+    const moe_bf16* brow = x + (long long)(p < end ? s_row[p] : 0) * MOE_K + kofs;
+    const int kk = k * MOE_KSTRIDE, bb = p < end ? 16 : 0;
+    const moe_u32 dst = mine_s + stage * MOE_NSLOT * 32 * 16;
+#pragma unroll
+    for (int i = 0; i < MOE_NA; ++i) moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 32, 16);
+#pragma unroll
+    for (int j = 0; j < MOE_NB; ++j) moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow + kk + j * 32, bb);
+  };
+  float acc[2][4];
+#pragma unroll
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[t][c] = 0.f;
+#pragma unroll
+  for (int s = 0; s < MOE_STAGES - 1; ++s) {
+    if (lo + s < hi) issue(s, lo + s);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+#pragma unroll 1
+  for (int it = lo; it < hi; ++it) {
+    const int kn = it + MOE_STAGES - 1;
+    if (kn < hi) issue((kn - lo) % MOE_STAGES, kn);
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(MOE_STAGES - 1));
+    const uint4* buf = mine + ((it - lo) % MOE_STAGES) * MOE_NSLOT * 32;
+    uint4 a[MOE_NA], bv[MOE_NB];
+#pragma unroll
+    for (int i = 0; i < MOE_NA; ++i) a[i] = buf[i * 32];
+#pragma unroll
+    for (int j = 0; j < MOE_NB; ++j) bv[j] = buf[(MOE_NA + j) * 32];
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int t = 0; t < 2; ++t)
+        moe_mma(acc[t], moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s), moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s),
+                moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s + 1), moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s + 1),
+                moe_word(bv[0], bv[1], 2 * s), moe_word(bv[0], bv[1], 2 * s + 1));
+    const int t = tile_of(it), t0 = tile_start(t), kt = t < tsh ? kss : ksr;
+    if (it + 1 < hi && it + 1 < t0 + kt) continue;  // the tile goes on in this block
+    // The tile's last step in this block: the warps' sums, then the tile's outputs.
+#pragma unroll
+    for (int tt = 0; tt < 2; ++tt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        red[((warp * 2 + tt) * 4 + c) * 32 + lane] = acc[tt][c];
+        acc[tt][c] = 0.f;
+      }
+    __syncthreads();
+    const int k0 = max(lo, t0) - t0, k1 = it + 1 - t0;
     const bool whole = k0 == 0 && k1 == kt;
-    float* slot = ws + (b * 2 + (t == first_tile ? 0 : 1)) * 256;
+    float* slot = ws + ((long long)b * 2 + (t == first_tile ? 0 : 1)) * 256;
     for (int idx = threadIdx.x; idx < 256; idx += nthr) {
       float v = 0.f;
 #pragma unroll
@@ -464,14 +531,14 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       // counted in steps: blocks with no steps (I < G) lie between the tile's first and last
       if (threadIdx.x == 0) s_last = atomicAdd(cnt + t, k1 - k0) + (k1 - k0) == kt;
       __syncthreads();
-      if (!s_last) continue;  // every thread has read red: the next tile's copies may land
+      if (!s_last) continue;  // every thread has read red; the next tile's copies are in flight already
       __threadfence();
       const int bf = block_of(t0), bl = block_of(t0 + kt - 1);
       for (int idx = threadIdx.x; idx < 256; idx += nthr) {
         float v = 0.f;
         for (int bb = bf; bb <= bl; ++bb) {
-          const long long blo = bb * I / G;
-          if (blo == (bb + 1) * I / G) continue;  // no steps
+          const int blo = (int)((long long)bb * I / G);
+          if (blo == (int)((long long)(bb + 1) * I / G)) continue;  // no steps
           v += __ldcg(ws + ((long long)bb * 2 + (tile_of(blo) == t ? 0 : 1)) * 256 + idx);
         }
         tot[idx] = v;
@@ -479,11 +546,14 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       if (threadIdx.x == 0) cnt[t] = 0;
     }
     __syncthreads();
+    int r0, first, end, e;
+    tile_info(t, r0, first, end, e);
     for (int idx = threadIdx.x; idx < (MOE_GATED ? 128 : 256); idx += nthr)
       moe_store(out, n_out, first, end, r0 + (idx >> 7) * 16, (idx >> 5) & 3, idx & 31, tot[idx],
                 MOE_GATED ? tot[idx + 128] : 0.f);
-    __syncthreads();  // tot and the partials are read before the next tile's copies land in the ring
+    __syncthreads();  // red and tot are read before the next tile's sums land there
   }
+  asm volatile("cp.async.wait_group 0;\n" ::);
 }
 #endif
 

@@ -108,10 +108,18 @@ def gemm_plan(tokens: int, k: int, dim: int, inter: int, shared_inter: int = 0,
     return plans[0], plans[1]
 
 
+SK_MAX_GROUPS, SK_MAX_ROWS = 256, 512   # the stream-K kernel's tables (MOE_SK_GROUPS, MOE_SK_ROWS)
+
+
+def sk_smem_bytes(ksplit: int, stages: int) -> int:
+    """Dynamic shared memory of a stream-K block: the ring, then the warps' sums and the tile's."""
+    return smem_bytes(1, ksplit, stages) + (ksplit + 1) * 1024
+
+
 def sk_blocks_per_sm(ksplit: int, stages: int) -> int:
     """Blocks per SM of the stream-K grid in this shape: as many as the SM's 228 KB of shared
-    memory holds (1 KB reserved per block), at most 2."""
-    return max(1, min(2, 228 * 1024 // (smem_bytes(1, ksplit, stages) + 1024 + 64)))
+    memory holds (its 4 KB of tables and 1 KB reserved per block), at most 2."""
+    return max(1, min(2, 228 * 1024 // (sk_smem_bytes(ksplit, stages) + 5 * 1024 + 64)))
 
 
 def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
@@ -355,7 +363,8 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         of the tiles' K steps, a tile split between blocks summed by the last of them to finish (``gemm_plan``:
         the layer at few tokens). Needs ``nt`` 1, ``active`` and at most 8 positions per group
         (a group with more computes its first 8 only; each token takes an expert once, so the
-        layer's groups at up to 8 tokens hold at most 8); ``x_ready`` is ignored (the blocks
+        layer's groups at up to 8 tokens hold at most 8), at most ``SK_MAX_GROUPS`` groups and
+        ``SK_MAX_ROWS`` rows; ``x_ready`` is ignored (the blocks
         prefetch the shared expert's weights into L2 before they wait, and read x after).
 
     Returns
@@ -417,6 +426,9 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     if streamk and (nt != 1 or active is None):
         raise ValueError(f"streamk: expected nt 1 and active, got nt {nt} and active "
                          f"{'given' if active is not None else None}")
+    if streamk and (groups > SK_MAX_GROUPS or rows > SK_MAX_ROWS or sk_smem_bytes(ksplit, stages) > 227 * 1024):
+        raise ValueError(f"streamk: expected at most {SK_MAX_GROUPS} groups and {SK_MAX_ROWS} rows within 227 KB "
+                         f"of shared memory, got {groups} groups, {rows} rows, shape {(ksplit, stages)}")
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
     if rows == 0:
         return out
@@ -433,7 +445,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
                 ptr(offs), ptr(active), np.int32(groups), ptr(out), np.int32(N), ptr(s0),
                 ptr(s0 if shared_up is None else shared_up), np.int32(n_sh), np.int32(k_sh),
                 np.int32(shared_first), np.int32(n_tok), ptr(ws), ptr(cnt)),
-               shared_mem=smem_bytes(nt, ksplit, stages), device=x.device, pdl=True)
+               shared_mem=sk_smem_bytes(ksplit, stages), device=x.device, pdl=True)
         return out
     fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
     chunks = -(-n_tok // (8 * nt))

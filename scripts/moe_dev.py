@@ -21,7 +21,9 @@ T = 1, 17, 65 under its own router, for (warps splitting K, ring depth) in ``SHA
 streamk: the kimi_k2_ep8 layer's gate/up and down GEMMs alone (graph replay, L2 warm) at T = 1,
 4, 8 (own router) and 8 (Zipf), on the grid of ``moe_grouped_gemm`` and with stream-K, in each
 (warps, ring depth) of ``SK_GEMM_TRIALS``, twice in turn; time and fraction of HBM bandwidth
-(the touched experts' and the shared expert's weights over the time). (The ``gushape`` step, which compared the gate/up GEMM's
+(the touched experts' and the shared expert's weights over the time); then the whole layer
+(``run_moe_bench``, T = 1, 4, 8, 17, model and Zipf routing) with each GEMM's fastest stream-K
+shape of those (mean time over the points) against the grid, alternating, twice. (The ``gushape`` step, which compared the gate/up GEMM's
 (8, 3) shape on that grid, ran at 0f96448: ``results/moe/t1_h200/gushape.log``.)
 
 layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
@@ -189,3 +191,27 @@ if STEPS in ("streamk", "all"):
     print(sp.pivot_table(index=["stage", "routing", "T"], columns=["trial"], values="frac", sort=False)
           .round(3).to_string(), flush=True)
     print("largest difference from the default path's routed rows:", sp.err.max(), flush=True)
+    del moe
+    torch.cuda.empty_cache()
+    # The whole layer with each GEMM's fastest stream-K shape above (mean over the points) against the grid.
+    sk = sp[sp.trial.str.startswith("sk")].groupby(["stage", "trial"]).us.mean()
+    best = {name: tuple(int(v) for v in sk[name].idxmin()[3:].split("x")) for name in ("gate_up", "down")}
+    print("fastest stream-K shapes:", best, flush=True)
+    default, frames = (ek.STREAMK_MAX_T, dict(ek.STREAMK_SHAPES)), []
+    ek.STREAMK_SHAPES.update(best)
+    for rep in range(2):
+        for max_t in (0, 8):
+            ek.STREAMK_MAX_T = max_t
+            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 4, 8, 17), routings=("model", "zipf"), zipf_a=1.2,
+                              fp8=False, ceilings=c)
+            frames.append(d[d.variant == "bf16"].assign(trial="stream-K" if max_t else "grid", rep=rep))
+            torch.cuda.empty_cache()
+    ek.STREAMK_MAX_T, ek.STREAMK_SHAPES = default[0], default[1]
+    g = pd.concat(frames)
+    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us", sort=False)
+          .round(1).to_string())
+    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction", sort=False)
+          .round(3).to_string(), flush=True)
+    bad = g[g.error.fillna("") != ""]
+    print("failed checks:", "none" if bad.empty else bad[["trial", "routing", "tokens", "error"]].to_string(),
+          "; largest check_error", g.check_error.max(), flush=True)
