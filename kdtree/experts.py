@@ -50,17 +50,15 @@ ROUTER_SLICES = 16       # the mma router's K slices (blocks per expert tile)
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
 SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
-# Stream-K for both GEMMs of the layer at up to STREAMK_MAX_T tokens (``moe_grouped_gemm_sk``:
-# every block streams the same bytes; a token takes an expert once, so no group holds more than
-# 8 positions). (warps splitting K, ring depth) per GEMM, one block per SM; where K (or the shared
-# expert's K) is not a multiple of the warps' 64-wide steps, STREAMK_FALLBACK; where neither
-# divides, the grid of ``moe_grouped_gemm``.
-STREAMK_MAX_T = 8
-STREAMK_SHAPES = {"gate_up": (8, 3), "down": (4, 4)}
-STREAMK_FALLBACK = (4, 4)
-STREAMK_COUNTERS = 1 << 15  # tiles a stream-K launch can count in the cached buffer (more: a fresh one)
+# The layer's gate/up GEMM at up to GATE_UP_SMALL_T tokens: eight warps, three stages (one block
+# per SM), where K is a multiple of 512. On an H200 (scripts/moe_dev.py gushape,
+# results/moe/t1_h200/gushape.log, kimi_k2_ep8, both shapes alternating in one process) the
+# layer took 40.5 us against 42.0 at T = 1, but 354 against 350 at T = 17 (Zipf: 261 against 256)
+# and 710 against 716 at T = 65; T between 1 and 17 was not measured.
+GATE_UP_SMALL_T = 8
+GATE_UP_SMALL_SHAPE = (8, 3)
 _SRC = "moe_grouped"
-_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+_COUNTERS: dict[int, torch.Tensor] = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,42 +82,12 @@ def chunk_tiles(tokens: int, k: int, experts: int) -> int:
     return 1 if mean <= 2 else (2 if mean <= 6 else 4)
 
 
-def gemm_plan(tokens: int, k: int, dim: int, inter: int, shared_inter: int = 0,
-              experts_total: int = 1) -> tuple[dict, dict]:
-    """``grouped_gemm``'s options (``nt``, ``shape``, ``streamk``) for the layer's gate/up and down
-    GEMMs at ``tokens`` tokens routed top-``k`` over ``experts_total`` experts, hidden width ``dim``,
-    expert intermediate ``inter`` and shared-expert intermediate ``shared_inter`` (0: none).
-
-    Up to ``STREAMK_MAX_T`` tokens: stream-K (``STREAMK_SHAPES``, else ``STREAMK_FALLBACK`` where
-    the GEMM's K, or the shared expert's, is not a multiple of the shape's 64-wide warp steps);
-    beyond, or where neither shape divides: token tiles ``chunk_tiles`` on the grid of
-    ``moe_grouped_gemm``, shaped by ``SHAPES``.
-    """
-    nt = chunk_tiles(tokens, k, experts_total)
-    plans = []
-    for name, kk, ks in (("gate_up", dim, dim if shared_inter else 0), ("down", inter, shared_inter)):
-        plan = dict(nt=nt, shape=None, streamk=False)
-        if tokens <= STREAMK_MAX_T:
-            for shape in (STREAMK_SHAPES[name], STREAMK_FALLBACK):
-                if kk % (64 * shape[0]) == 0 and ks % (64 * shape[0]) == 0:
-                    plan = dict(nt=1, shape=shape, streamk=True)
-                    break
-        plans.append(plan)
-    return plans[0], plans[1]
-
-
-SK_MAX_GROUPS, SK_MAX_ROWS = 256, 512   # the stream-K kernel's tables (MOE_SK_GROUPS, MOE_SK_ROWS)
-
-
-def sk_smem_bytes(ksplit: int, stages: int) -> int:
-    """Dynamic shared memory of a stream-K block: the ring, then the warps' sums and the tile's."""
-    return smem_bytes(1, ksplit, stages) + (ksplit + 1) * 1024
-
-
-def sk_blocks_per_sm(ksplit: int, stages: int) -> int:
-    """Blocks per SM of the stream-K grid in this shape: as many as the SM's 228 KB of shared
-    memory holds (its 4 KB of tables and 1 KB reserved per block), at most 2."""
-    return max(1, min(2, 228 * 1024 // (sk_smem_bytes(ksplit, stages) + 5 * 1024 + 64)))
+def gate_up_shape(tokens: int, dim: int) -> tuple[int, int] | None:
+    """(warps, ring depth) of the layer's gate/up GEMM for ``tokens`` tokens of width ``dim``:
+    ``GATE_UP_SMALL_SHAPE`` up to ``GATE_UP_SMALL_T`` tokens where ``dim`` divides into its warps'
+    64-wide steps, else None (``SHAPES``)."""
+    warps = GATE_UP_SMALL_SHAPE[0]
+    return GATE_UP_SMALL_SHAPE if tokens <= GATE_UP_SMALL_T and dim % (64 * warps) == 0 else None
 
 
 def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
@@ -182,16 +150,15 @@ def router_mma_shape(tokens: int, experts: int) -> tuple[int, int]:
     return (3 if experts % 48 == 0 else 2), max(1, min(8, -(-tokens // 8)))
 
 
-def _tile_counters(device: torch.device, tiles: int, size: int = ROUTER_COUNTERS) -> torch.Tensor:
-    """Zeroed int32 counters for ``tiles`` tiles: the device's cached buffer of ``size`` (one per
-    size: the router's and the stream-K GEMMs'; each launch leaves its counters at zero), or a
-    fresh ``torch.zeros`` (one memset) when the buffer is too small or cannot be made now (inside
-    a graph capture, where a new tensor is not zeroed until replay). Launches on one stream in
-    order share it; concurrent streams must not."""
-    key = (_index(device), size)
-    buf = _COUNTERS.get(key)
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """Zeroed int32 counters for ``tiles`` token tiles: the device's cached buffer (each router
+    launch leaves its counters at zero), or a fresh ``torch.zeros`` (one memset) when the buffer is
+    too small or cannot be made now (inside a graph capture, where a new tensor is not zeroed
+    until replay). Launches on one stream in order share it; concurrent streams must not."""
+    idx = _index(device)
+    buf = _COUNTERS.get(idx)
     if buf is None and not torch.cuda.is_current_stream_capturing():
-        buf = _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
+        buf = _COUNTERS[idx] = torch.zeros(ROUTER_COUNTERS, dtype=torch.int32, device=device)
     if buf is None or tiles > buf.numel():
         return torch.zeros(tiles, dtype=torch.int32, device=device)
     return buf
@@ -317,7 +284,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
                  shape: tuple[int, int] | None = None, shared: torch.Tensor | None = None,
                  shared_up: torch.Tensor | None = None, shared_first: int = 0,
                  active: torch.Tensor | None = None, groups: int | None = None,
-                 x_ready: bool = False, streamk: bool = False) -> torch.Tensor:
+                 x_ready: bool = False) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -358,14 +325,6 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         GEMM after ``permute``): the extra group's blocks stream x and their weights while that
         kernel still runs (programmatic dependent launch) and wait for it only before they
         store. False: every block waits first.
-    streamk : bool
-        ``moe_grouped_gemm_sk``: ``sk_blocks_per_sm`` blocks per SM, each streaming the same share
-        of the tiles' K steps, a tile split between blocks summed by the last of them to finish (``gemm_plan``:
-        the layer at few tokens). Needs ``nt`` 1, ``active`` and at most 8 positions per group
-        (a group with more computes its first 8 only; each token takes an expert once, so the
-        layer's groups at up to 8 tokens hold at most 8), at most ``SK_MAX_GROUPS`` groups and
-        ``SK_MAX_ROWS`` rows; ``x_ready`` is ignored (the blocks
-        prefetch the shared expert's weights into L2 before they wait, and read x after).
 
     Returns
     -------
@@ -423,32 +382,14 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         raise ValueError(f"groups: expected {E} (one grid row per expert) without active, got {groups}")
     if x.device != w.device or (shared is not None and shared.device != w.device):
         raise ValueError(f"x, shared: expected the device of w ({w.device}), got {x.device}")
-    if streamk and (nt != 1 or active is None):
-        raise ValueError(f"streamk: expected nt 1 and active, got nt {nt} and active "
-                         f"{'given' if active is not None else None}")
-    if streamk and (groups > SK_MAX_GROUPS or rows > SK_MAX_ROWS or sk_smem_bytes(ksplit, stages) > 227 * 1024):
-        raise ValueError(f"streamk: expected at most {SK_MAX_GROUPS} groups and {SK_MAX_ROWS} rows within 227 KB "
-                         f"of shared memory, got {groups} groups, {rows} rows, shape {(ksplit, stages)}")
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
     if rows == 0:
         return out
     defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit), ("MOE_NT", nt),
                ("MOE_STAGES", stages))
-    s0 = shared if shared is not None else w
-    if streamk:
-        fn = _kernel("moe_grouped_gemm_sk", _index(x.device), defines)
-        blocks = torch.cuda.get_device_properties(x.device).multi_processor_count * sk_blocks_per_sm(ksplit, stages)
-        ws = torch.empty(blocks * 2 * 256, dtype=torch.float32, device=x.device)
-        cnt = _tile_counters(x.device, n_sh // tile + groups * (N // tile), STREAMK_COUNTERS)
-        launch(fn, (blocks,), (32 * ksplit,),
-               (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up),
-                ptr(offs), ptr(active), np.int32(groups), ptr(out), np.int32(N), ptr(s0),
-                ptr(s0 if shared_up is None else shared_up), np.int32(n_sh), np.int32(k_sh),
-                np.int32(shared_first), np.int32(n_tok), ptr(ws), ptr(cnt)),
-               shared_mem=sk_smem_bytes(ksplit, stages), device=x.device, pdl=True)
-        return out
     fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
     chunks = -(-n_tok // (8 * nt))
+    s0 = shared if shared is not None else w
     launch(fn, (N // tile, chunks + groups), (32 * ksplit,),
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
             np.uint64(0) if active is None else ptr(active), ptr(out), np.int32(N), ptr(s0),
@@ -537,13 +478,14 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
             raise ValueError(f"shared: expected w1, w3 [inter_s, {d}] and w2 [{d}, inter_s], got {tuple(s1.shape)}, "
                              f"{tuple(s3.shape)}, {tuple(s2.shape)}")
     T, k = expert.shape
-    gu, dn = gemm_plan(T, k, d, h, s1.shape[0] if s1 is not None else 0, experts_total or E)
+    nt = chunk_tiles(T, k, experts_total or E)
     rows = T * k + (T if shared is not None else 0)
     offs, rowidx, pos, active = permute(expert, E)
     groups = min(E, T * k)  # at most this many experts have tokens
-    hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, shared=s1, shared_up=s3, shared_first=T * k,
-                       active=active, groups=groups, x_ready=x_ready, **gu)
-    ys = grouped_gemm(hid, w2, offs, rows, shared=s2, shared_first=T * k, active=active, groups=groups, **dn)
+    gu = gate_up_shape(T, d)
+    hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, nt=nt, shared=s1, shared_up=s3, shared_first=T * k,
+                       active=active, groups=groups, x_ready=x_ready, shape=gu)
+    ys = grouped_gemm(hid, w2, offs, rows, nt=nt, shared=s2, shared_first=T * k, active=active, groups=groups)
     return combine(ys, pos, weight.float(), T * k if shared is not None else None)
 
 

@@ -1,6 +1,6 @@
 """The router kernels on one GPU beside the torch router, then the whole MoE layer with each.
 
-Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|streamk|all]   (prints tables; one device call)
+Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|gushape|all]   (prints tables; one device call)
 
 router: for the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17,
 65, 128): ``kdtree.experts.route`` with the "fma" kernel (default shape) and the "mma" kernel,
@@ -18,13 +18,11 @@ whole-layer rows at those points (time, HBM fraction against this run's ceiling)
 shapes: the kimi_k2_ep8 layer's gate/up and down grouped GEMMs alone (graph replay, L2 warm) at
 T = 1, 17, 65 under its own router, for (warps splitting K, ring depth) in ``SHAPE_TRIALS``.
 
-streamk: the kimi_k2_ep8 layer's gate/up and down GEMMs alone (graph replay, L2 warm) at T = 1,
-4, 8 (own router) and 8 (Zipf), on the grid of ``moe_grouped_gemm`` and with stream-K, in each
-(warps, ring depth) of ``SK_GEMM_TRIALS``, twice in turn; time and fraction of HBM bandwidth
-(the touched experts' and the shared expert's weights over the time); then the whole layer
-(``run_moe_bench``, T = 1, 4, 8, 17, model and Zipf routing) with each GEMM's fastest stream-K
-shape of those (mean time over the points) against the grid, alternating, twice. (The ``gushape`` step, which compared the gate/up GEMM's
-(8, 3) shape on that grid, ran at 0f96448: ``results/moe/t1_h200/gushape.log``.)
+gushape: the whole layer (``run_moe_bench``, T = 1, 17, 65, model and Zipf routing) with the gate/up
+GEMM's small-T shape (``kdtree.experts.GATE_UP_SMALL_SHAPE``) used up to each of ``GU_TRIALS``
+tokens (``GATE_UP_SMALL_T``; 0: never), alternating, in one process. (Its committed log,
+``results/moe/t1_h200/gushape.log``, ran the same comparison when the shape applied to every
+T of one token tile: its columns ``{1: (8, 3)}`` and ``{}``.)
 
 layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
 65, graph replay, this run's measured HBM bandwidth) once with each router kernel as
@@ -148,70 +146,18 @@ if STEPS in ("shapes", "all"):
     print(sp.pivot_table(index=["stage", "T"], columns="shape", values="us", sort=False).round(1).to_string(),
           flush=True)
 
-# Per GEMM: (label, streamk, shape); shape None: SHAPES
-SK_GEMM_TRIALS = {"gate_up": (("grid 4x4", False, None), ("grid 8x3", False, (8, 3)), ("sk 8x3", True, (8, 3)),
-                              ("sk 8x4", True, (8, 4)), ("sk 8x5", True, (8, 5)), ("sk 4x4", True, (4, 4))),
-                  "down": (("grid 4x4", False, None), ("sk 4x4", True, (4, 4)), ("sk 4x6", True, (4, 6)),
-                           ("sk 4x8", True, (4, 8)))}
-if STEPS in ("streamk", "all"):
-    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
-    gen = torch.Generator().manual_seed(0)
-    sh = (moe.shared.w1.weight, moe.shared.w3.weight, moe.shared.w2.weight)
-    rows_out = []
-    for routing, T in (("model", 1), ("model", 4), ("model", 8), ("zipf", 8)):
-        x = torch.randn(T, moe.w1.shape[2], generator=gen).to("cuda", torch.bfloat16)
-        expert = moe.route(x)[1] if routing == "model" else \
-            routing_ids("zipf", T, moe.n_routed, moe.k, zipf_a=1.2, generator=gen).cuda()
-        E, k = moe.w1.shape[0], moe.k
-        offs, rowidx, pos, active = ek.permute(expert, E)
-        rows, groups = T * k + T, min(E, T * k)
-        common = dict(nt=1, shared_first=T * k, active=active, groups=groups)
-        gu = dict(x=x, w=moe.w1, offs=offs, rows=rows, up=moe.w3, rowidx=rowidx, shared=sh[0], shared_up=sh[1],
-                  **common)
-        hid = ek.grouped_gemm(**gu)
-        dn = dict(x=hid, w=moe.w2, offs=offs, rows=rows, shared=sh[2], **common)
-        ref = {"gate_up": hid, "down": ek.grouped_gemm(**dn)}
-        distinct = int(expert[expert < E].unique().numel())
-        nbytes = {"gate_up": (distinct * 2 * moe.w1.shape[1] + 2 * sh[0].shape[0]) * moe.w1.shape[2] * 2,
-                  "down": (distinct * moe.w2.shape[1] * moe.w2.shape[2] + sh[2].numel()) * 2}
-        for name, kw in (("gate_up", gu), ("down", dn)):
-            for rep in range(2):
-                for label, streamk, shape in SK_GEMM_TRIALS[name]:
-                    fn = functools.partial(ek.grouped_gemm, shape=shape, streamk=streamk, **kw)
-                    y = fn()
-                    n = int(offs[-1])   # the local slots' rows (the rest up to T k is not written)
-                    err = float((y[:n].float() - ref[name][:n].float()).abs().max()) if n else 0.0
-                    t = time_graph(fn, reps=20, calls_per_graph=3)
-                    rows_out.append(dict(routing=routing, T=T, distinct=distinct, stage=name, trial=label, rep=rep,
-                                         us=t.median_us, frac=nbytes[name] / (t.median_us * 1e-6) / c.hbm_bw,
-                                         err=err))
-    sp = pd.DataFrame(rows_out)
-    print(sp.pivot_table(index=["stage", "routing", "T", "distinct"], columns=["trial"], values="us", sort=False)
-          .round(1).to_string(), flush=True)
-    print(sp.pivot_table(index=["stage", "routing", "T"], columns=["trial"], values="frac", sort=False)
-          .round(3).to_string(), flush=True)
-    print("largest difference from the default path's routed rows:", sp.err.max(), flush=True)
-    del moe
-    torch.cuda.empty_cache()
-    # The whole layer with each GEMM's fastest stream-K shape above (mean over the points) against the grid.
-    sk = sp[sp.trial.str.startswith("sk")].groupby(["stage", "trial"]).us.mean()
-    best = {name: tuple(int(v) for v in sk[name].idxmin()[3:].split("x")) for name in ("gate_up", "down")}
-    print("fastest stream-K shapes:", best, flush=True)
-    default, frames = (ek.STREAMK_MAX_T, dict(ek.STREAMK_SHAPES)), []
-    ek.STREAMK_SHAPES.update(best)
+GU_TRIALS = (1024, 0)
+if STEPS in ("gushape", "all"):
+    default, frames = ek.GATE_UP_SMALL_T, []
     for rep in range(2):
-        for max_t in (0, 8):
-            ek.STREAMK_MAX_T = max_t
-            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 4, 8, 17), routings=("model", "zipf"), zipf_a=1.2,
-                              fp8=False, ceilings=c)
-            frames.append(d[d.variant == "bf16"].assign(trial="stream-K" if max_t else "grid", rep=rep))
+        for trial in GU_TRIALS:
+            ek.GATE_UP_SMALL_T = trial
+            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 17, 65), routings=("model", "zipf"), zipf_a=1.2, fp8=False,
+                              ceilings=c)
+            frames.append(d[d.variant == "bf16"].assign(trial=f"small shape up to T = {trial}", rep=rep))
             torch.cuda.empty_cache()
-    ek.STREAMK_MAX_T, ek.STREAMK_SHAPES = default[0], default[1]
+    ek.GATE_UP_SMALL_T = default
     g = pd.concat(frames)
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us", sort=False)
-          .round(1).to_string())
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction", sort=False)
-          .round(3).to_string(), flush=True)
-    bad = g[g.error.fillna("") != ""]
-    print("failed checks:", "none" if bad.empty else bad[["trial", "routing", "tokens", "error"]].to_string(),
-          "; largest check_error", g.check_error.max(), flush=True)
+    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us").round(1).to_string())
+    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction").round(3)
+          .to_string(), flush=True)

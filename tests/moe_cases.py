@@ -12,15 +12,9 @@ COUNTS = {
     "single_token": [1, 0, 0],
     "none": [0, 0, 0, 0],
 }
-# At most 8 tokens per expert: the stream-K kernel's groups (the layer at up to 8 tokens).
-SK_COUNTS = {
-    "mixed": [0, 1, 8, 0, 5, 3, 7, 2, 0, 1, 4],
-    "single_token": [0, 0, 1],
-    "none": [0, 0, 0, 0],
-}
 
 
-def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None, **options):
+def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
     """(got, reference, positions) of one ``grouped_gemm`` call: float64 reference on the host.
 
     ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
@@ -29,7 +23,6 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None, **options):
     rows in order and the grid one row per expert. ``shared`` (Ns, Ks,
     tokens): an extra group of that shape over ``tokens`` positions after the routed rows; then
     ``got`` and the reference are flat: the routed rows, then the extra group's first Ns columns.
-    ``options`` go to ``grouped_gemm`` (``streamk``, ``shape``; stream-K needs ``gather``).
     """
     g = torch.Generator().manual_seed(seed)
     E, P = len(counts), sum(counts)
@@ -59,7 +52,7 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None, **options):
         nz = [e for e, c in enumerate(counts) if c]
         kw |= dict(active=torch.tensor(nz + [-1] * (E - len(nz)), dtype=torch.int32).cuda(), groups=max(1, len(nz)))
     got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
-                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, **kw, **options)
+                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, **kw)
     got = torch.cat((got[:P].flatten(), got[first:, :Ns].flatten())) if shared is not None else got[:P]
     return got.double().cpu(), ref, P
 
