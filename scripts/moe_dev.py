@@ -18,7 +18,7 @@ whole-layer rows at those points (time, HBM fraction against this run's ceiling)
 shapes: the kimi_k2_ep8 layer's gate/up and down grouped GEMMs alone (graph replay, L2 warm) at
 T = 1, 17, 65 under its own router, for (warps splitting K, ring depth) in ``SHAPE_TRIALS``.
 
-gushape: the whole layer (``run_moe_bench``, T = 1, 17, 65, model and Zipf routing) with the gate/up
+gushape: the whole layer (``run_moe_bench``, T = 1, 2, 4, 8, 17, model and Zipf routing) with the gate/up
 GEMM's small-T shape (``kdtree.experts.GATE_UP_SMALL_SHAPE``) used up to each of ``GU_TRIALS``
 tokens (``GATE_UP_SMALL_T``; 0: never), alternating, in one process. (Its committed log,
 ``results/moe/t1_h200/gushape.log``, ran the same comparison when the shape applied to every
@@ -146,14 +146,14 @@ if STEPS in ("shapes", "all"):
     print(sp.pivot_table(index=["stage", "T"], columns="shape", values="us", sort=False).round(1).to_string(),
           flush=True)
 
-GU_TRIALS = (1024, 0)
+GU_TRIALS = (8, 1, 0)
 if STEPS in ("gushape", "all"):
     default, frames = ek.GATE_UP_SMALL_T, []
     for rep in range(2):
         for trial in GU_TRIALS:
             ek.GATE_UP_SMALL_T = trial
-            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 17, 65), routings=("model", "zipf"), zipf_a=1.2, fp8=False,
-                              ceilings=c)
+            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 2, 4, 8, 17), routings=("model", "zipf"), zipf_a=1.2,
+                              fp8=False, ceilings=c)
             frames.append(d[d.variant == "bf16"].assign(trial=f"small shape up to T = {trial}", rep=rep))
             torch.cuda.empty_cache()
     ek.GATE_UP_SMALL_T = default
