@@ -52,10 +52,10 @@ ROUTER_SLICES = 16       # the mma router's K slices (blocks per expert tile)
 SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
 # The layer's gate/up GEMM at up to GATE_UP_SMALL_T tokens: eight warps, three stages (one block
 # per SM), where K is a multiple of 512. On an H200 (scripts/moe_dev.py gushape,
-# results/moe/t1_h200/gushape.log, kimi_k2_ep8, both shapes alternating in one process) the
-# layer took 40.5 us against 42.0 at T = 1, but 354 against 350 at T = 17 (Zipf: 261 against 256)
-# and 710 against 716 at T = 65; T between 1 and 17 was not measured.
-GATE_UP_SMALL_T = 8
+# results/moe/t1_h200/gushape_478cc86.log, kimi_k2_ep8, the shape up to 8, up to 1 and never,
+# alternating in one process) the layer took 39.9-40.0 us against 41.6-42.5 at T = 1, the same
+# at T = 2, and 111.6-111.8 against 106.6-107.1 at T = 4 and 213.2-213.4 against 208.6 at T = 8.
+GATE_UP_SMALL_T = 1
 GATE_UP_SMALL_SHAPE = (8, 3)
 _SRC = "moe_grouped"
 _COUNTERS: dict[int, torch.Tensor] = {}
