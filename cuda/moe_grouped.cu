@@ -62,9 +62,6 @@
 #ifndef MOE_TOPK
 #define MOE_TOPK 8
 #endif
-#ifndef MOE_HINT
-#define MOE_HINT 0  // 1: the weights' copies leave L2 first (the kernel prefetches the next GEMM's)
-#endif
 #define MOE_MAX_EXPERTS 1024
 
 typedef unsigned short moe_bf16;
@@ -92,27 +89,6 @@ __device__ __forceinline__ moe_bf16 moe_f32_to_bf16(float f) {
 
 __device__ __forceinline__ void moe_cp_async16(moe_u32 dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-// The same copy of a weight, marked to leave L2 first (policy from createpolicy ... evict_first):
-// the stream of one GEMM's weights, read once, should not evict what is prefetched for the next.
-__device__ __forceinline__ void moe_cp_async16_first(moe_u32 dst, const void* src, unsigned long long policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "l"(policy));
-}
-
-// This block's share (part `part` of `parts`) of `bytes` bytes at `base`, into L2.
-__device__ __forceinline__ void moe_prefetch_l2(const void* base, long long bytes, int part, int parts) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const long long per = ((bytes + parts - 1) / parts + 15) & ~15LL;  // 16-byte multiples
-  const long long lo = per * part;
-  if (lo < bytes) {
-    const unsigned n = (unsigned)(bytes - lo < per ? bytes - lo : per);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<const char*>(base) + lo),
-                 "r"(n)
-                 : "memory");
-  }
-#endif
 }
 
 __device__ __forceinline__ moe_u32 moe_word(const uint4& lo, const uint4& hi, int w) {
@@ -196,18 +172,12 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
 // shared rows' blocks read x and their weights before ``pdl_wait`` (only when x was complete
 // before the kernel launched just before this one, as the layer's gate/up GEMM after the
 // permutation); 0: every block waits first.
-// pf (or null): the next GEMM's weights [experts][pf_bytes / 2] bf16, pfs: its shared expert's
-// (pfs_bytes): each routed block of expert e prefetches its share (blockIdx.x of gridDim.x) of
-// expert e's into L2 as it starts, each shared block of the first chunk its share of pfs, so that
-// the next GEMM reads them from L2 (the layer at one token, where this GEMM's last blocks run
-// alone). Compile with MOE_HINT 1 with it: this GEMM's own weights then leave L2 first.
 extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     moe_grouped_gemm(const moe_bf16* __restrict__ x, const int* __restrict__ rowidx, const moe_bf16* __restrict__ w0,
                      const moe_bf16* __restrict__ w1, const int* __restrict__ offs, const int* __restrict__ active,
                      void* __restrict__ out, int n_out, const moe_bf16* __restrict__ s0,
                      const moe_bf16* __restrict__ s1, int n_shared, int k_shared, int shared_first,
-                     int shared_tokens, int early, const moe_bf16* __restrict__ pf, long long pf_bytes,
-                     const moe_bf16* __restrict__ pfs, long long pfs_bytes) {
+                     int shared_tokens, int early) {
   extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32]
   const int chunks = (shared_tokens + 8 * MOE_NT - 1) / (8 * MOE_NT);
   const bool sh = (int)blockIdx.y < chunks;  // the shared expert's rows first: they need no routing
@@ -228,10 +198,6 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     end = offs[e];
   }
   if (first >= end) return;
-  if (pf && threadIdx.x == 0) {  // weights only: may come before the wait
-    if (!sh) moe_prefetch_l2(pf + e * (pf_bytes / 2), pf_bytes, blockIdx.x, gridDim.x);
-    else if (blockIdx.y == 0) moe_prefetch_l2(pfs, pfs_bytes, blockIdx.x, n_shared / MOE_ROWS);
-  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const long long kofs = (long long)warp * 64 + q * 8;
   const long long kw = sh ? k_shared : MOE_K;       // the weights' row length
@@ -246,10 +212,6 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
                              wb + (r0 + g) * kw + kofs, wb + (r0 + g + 8) * kw + kofs};
   uint4* mine = ring + warp * MOE_STAGES * MOE_NSLOT * 32 + lane;
   const moe_u32 mine_s = (moe_u32)__cvta_generic_to_shared(mine);
-#if MOE_HINT
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
 
   for (int c0 = first; c0 < end; c0 += 8 * MOE_NT) {
     const moe_bf16* brow[MOE_NT];
@@ -266,13 +228,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       const int kk = ks * MOE_KSTRIDE;
       const moe_u32 dst = mine_s + stage * MOE_NSLOT * 32 * 16;
 #pragma unroll
-      for (int i = 0; i < MOE_NA; ++i) {
-#if MOE_HINT
-        moe_cp_async16_first(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 32, policy);
-#else
-        moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 32, 16);
-#endif
-      }
+      for (int i = 0; i < MOE_NA; ++i) moe_cp_async16(dst + i * 32 * 16, arow[i >> 1] + kk + (i & 1) * 32, 16);
 #pragma unroll
       for (int j = 0; j < MOE_NB; ++j)
         moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow[j >> 1] + kk + (j & 1) * 32, bbytes[j >> 1]);

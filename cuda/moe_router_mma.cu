@@ -12,11 +12,11 @@
 // (the mma's rows) x all tokens (the mma's columns, 8 per n-tile, ROUTER_NT n-tiles per pass of
 // 8 * ROUTER_NT tokens) x D / ROUTER_S of the hidden width. Its ROUTER_MT x ROUTER_KW warps split
 // that slice into ROUTER_KW consecutive runs of ROUTER_KSTEPS k16 steps; each warp loads its
-// gate values (two float4 per lane per step, all of them into registers before its pdl_wait) and
-// x (one 8-byte word per lane per n-tile) straight from global memory into the mma fragments: within a k16 step, lane (g, q) (g = lane / 4,
+// gate values (two float4 per lane per step) and x (one 8-byte word per lane per n-tile) straight
+// from global memory into the mma fragments: within a k16 step, lane (g, q) (g = lane / 4,
 // q = lane % 4) takes the physical columns k + 4q .. 4q + 3 for the mma's logical columns 2q, 2q + 1,
 // 2q + 8, 2q + 9 of both operands, a permutation of the sum's terms shared by A and B. The gate
-// is read once; x once per expert tile (the m-tile warps of a block share it in L1).
+// is read once per pass; x once per expert tile (the m-tile warps of a block share it in L1).
 // The ROUTER_KW warps' sums are added through shared memory in warp order, and the block writes
 // its partial sums to ``part`` [ROUTER_S, T, E] (float32 scratch).
 //
@@ -36,8 +36,7 @@
 //
 // Compile-time options (-D): ROUTER_D (hidden width, a multiple of 16 ROUTER_S ROUTER_KW),
 // ROUTER_E (experts, a multiple of 32 and of 16 ROUTER_MT), ROUTER_K (experts per token, <= 32),
-// ROUTER_MT (m-tiles per block), ROUTER_NT (n-tiles per pass, 1..8), ROUTER_S (K slices),
-// ROUTER_PRELOAD (1: the gate's loads before the pdl_wait; 0: after it).
+// ROUTER_MT (m-tiles per block), ROUTER_NT (n-tiles per pass, 1..8), ROUTER_S (K slices).
 // Launched with programmatic dependent launch (cuda/pdl.cuh). No system headers: compiles under NVRTC and nvcc.
 
 #include "pdl.cuh"
@@ -59,9 +58,6 @@
 #endif
 #ifndef ROUTER_S
 #define ROUTER_S 16
-#endif
-#ifndef ROUTER_PRELOAD
-#define ROUTER_PRELOAD 1
 #endif
 #define ROUTER_KW 4
 #define ROUTER_TF 4
@@ -137,6 +133,8 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
   __shared__ float red[ROUTER_KW - 1][ROUTER_MT][4 * ROUTER_NT][32];
   __shared__ float sc[ROUTER_TF][ROUTER_E];
   __shared__ unsigned ticket;
+  pdl_wait();               // x comes from the kernel before (a plain launch: no-op)
+  pdl_launch_dependents();  // the layer's permutation may start; it waits for this kernel
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int mt = warp % ROUTER_MT, kw = warp / ROUTER_MT;
@@ -145,23 +143,6 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
   const int kbase = (s * ROUTER_KW + kw) * ROUTER_KSTEPS * 16 + 4 * q;
   const float* ga = gate + (long long)(e0 + g) * ROUTER_D + kbase;
   const float* gb = ga + 8 * ROUTER_D;
-  // The warp's gate values, all of them, into registers: every pass over the tokens uses them.
-  // With ROUTER_PRELOAD, before the wait: the gate is a weight, complete before the kernel before
-  // this one started, so its stream overlaps that kernel's end.
-#if !ROUTER_PRELOAD
-  pdl_wait();
-  pdl_launch_dependents();
-#endif
-  float4 wa[ROUTER_KSTEPS], wb[ROUTER_KSTEPS];
-#pragma unroll
-  for (int ks = 0; ks < ROUTER_KSTEPS; ++ks) {
-    wa[ks] = __ldg(reinterpret_cast<const float4*>(ga + ks * 16));
-    wb[ks] = __ldg(reinterpret_cast<const float4*>(gb + ks * 16));
-  }
-#if ROUTER_PRELOAD
-  pdl_wait();               // x comes from the kernel before (a plain launch: no-op)
-  pdl_launch_dependents();  // the layer's permutation may start; it waits for this kernel
-#endif
 
   for (int p0 = 0; p0 < T; p0 += 8 * ROUTER_NT) {
     float acc[ROUTER_NT][4];
@@ -171,6 +152,8 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
       for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < ROUTER_KSTEPS; ++ks) {
+      const float4 wa = __ldg(reinterpret_cast<const float4*>(ga + ks * 16));
+      const float4 wb = __ldg(reinterpret_cast<const float4*>(gb + ks * 16));
       uint2 xb[ROUTER_NT];
 #pragma unroll
       for (int n = 0; n < ROUTER_NT; ++n) {
@@ -179,10 +162,10 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
                       : make_uint2(0u, 0u);
       }
       unsigned h0, m0, l0, h1, m1, l1, h2, m2, l2, h3, m3, l3;
-      router_split(wa[ks].x, wa[ks].y, h0, m0, l0);  // row g, logical k 2q, 2q + 1
-      router_split(wb[ks].x, wb[ks].y, h1, m1, l1);  // row g + 8
-      router_split(wa[ks].z, wa[ks].w, h2, m2, l2);  // row g, logical k 2q + 8, 2q + 9
-      router_split(wb[ks].z, wb[ks].w, h3, m3, l3);  // row g + 8
+      router_split(wa.x, wa.y, h0, m0, l0);  // row g, logical k 2q, 2q + 1
+      router_split(wb.x, wb.y, h1, m1, l1);  // row g + 8
+      router_split(wa.z, wa.w, h2, m2, l2);  // row g, logical k 2q + 8, 2q + 9
+      router_split(wb.z, wb.w, h3, m3, l3);  // row g + 8
 #pragma unroll
       for (int n = 0; n < ROUTER_NT; ++n) {
         router_mma(acc[n], l0, l1, l2, l3, xb[n]);

@@ -46,9 +46,6 @@ ROUTER_MAX_TOKENS = 128
 # router's 25.3 / 39.8 / 51.6 / 55.4 (T > 128 not measured with "mma": the cap above stays).
 ROUTER_KERNEL = "mma"
 ROUTER_SLICES = 16       # the mma router's K slices (blocks per expert tile)
-# The mma router loads its gate values before its programmatic-dependent-launch wait (the gate is
-# a weight), so that their stream overlaps the kernel before it; False: after it.
-ROUTER_PRELOAD = True
 # (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
@@ -60,11 +57,6 @@ SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
 # at T = 2, and 111.6-111.8 against 106.6-107.1 at T = 4 and 213.2-213.4 against 208.6 at T = 8.
 GATE_UP_SMALL_T = 1
 GATE_UP_SMALL_SHAPE = (8, 3)
-# Up to this many tokens the layer's gate/up GEMM prefetches the down GEMM's weights (the touched
-# experts' and the shared expert's) into L2 as its blocks start, and streams its own marked to
-# leave L2 first (``grouped_gemm``'s ``prefetch``): one token's down weights (Kimi K2 EP8: about one
-# expert's 29 MB and the shared expert's 4 MB) fit in L2 beside the gate/up stream.
-PREFETCH_DOWN_T = 1
 _SRC = "moe_grouped"
 _COUNTERS: dict[int, torch.Tensor] = {}
 
@@ -96,12 +88,6 @@ def gate_up_shape(tokens: int, dim: int) -> tuple[int, int] | None:
     64-wide steps, else None (``SHAPES``)."""
     warps = GATE_UP_SMALL_SHAPE[0]
     return GATE_UP_SMALL_SHAPE if tokens <= GATE_UP_SMALL_T and dim % (64 * warps) == 0 else None
-
-
-def down_prefetch(tokens: int, w2: torch.Tensor, shared_w2: torch.Tensor | None) -> tuple | None:
-    """The layer's gate/up GEMM's ``prefetch`` at ``tokens`` tokens: (down weights, the shared
-    expert's) up to ``PREFETCH_DOWN_T`` tokens, else None."""
-    return (w2, shared_w2) if tokens <= PREFETCH_DOWN_T else None
 
 
 def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
@@ -241,8 +227,7 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
         mt, nt = router_mma_shape(T, E)
         part = torch.empty(ROUTER_SLICES, T, E, dtype=torch.float32, device=x.device)
         fn = _kernel("moe_router_mma", _index(x.device), (("ROUTER_D", d), ("ROUTER_E", E), ("ROUTER_K", k),
-                     ("ROUTER_MT", mt), ("ROUTER_NT", nt), ("ROUTER_S", ROUTER_SLICES),
-                     ("ROUTER_PRELOAD", int(ROUTER_PRELOAD))), "moe_router_mma")
+                     ("ROUTER_MT", mt), ("ROUTER_NT", nt), ("ROUTER_S", ROUTER_SLICES)), "moe_router_mma")
         launch(fn, (ROUTER_SLICES * E // (16 * mt),), (32 * 4 * mt,),
                (ptr(x), ptr(gate), ptr(part), ptr(_tile_counters(x.device, 2)), ptr(weight), ptr(expert),
                 np.int32(T), np.float32(scale)), device=x.device, pdl=True)
@@ -299,7 +284,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
                  shape: tuple[int, int] | None = None, shared: torch.Tensor | None = None,
                  shared_up: torch.Tensor | None = None, shared_first: int = 0,
                  active: torch.Tensor | None = None, groups: int | None = None,
-                 x_ready: bool = False, prefetch: tuple | None = None) -> torch.Tensor:
+                 x_ready: bool = False) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -340,12 +325,6 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         GEMM after ``permute``): the extra group's blocks stream x and their weights while that
         kernel still runs (programmatic dependent launch) and wait for it only before they
         store. False: every block waits first.
-    prefetch : (w_next, shared_next), optional
-        The next GEMM's weights (bf16 [E, ...], the down projection after gate/up) and its shared
-        expert's (bf16, or None): each block of expert e prefetches its share of ``w_next[e]``
-        into L2 as it starts, the shared expert's blocks their share of ``shared_next``, and this
-        GEMM's weight copies are marked to leave L2 first. For when the next GEMM's touched
-        weights fit in L2 (``PREFETCH_DOWN_T``).
 
     Returns
     -------
@@ -403,21 +382,11 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         raise ValueError(f"groups: expected {E} (one grid row per expert) without active, got {groups}")
     if x.device != w.device or (shared is not None and shared.device != w.device):
         raise ValueError(f"x, shared: expected the device of w ({w.device}), got {x.device}")
-    pf = pfs = None
-    if prefetch is not None:
-        if not isinstance(prefetch, (tuple, list)) or len(prefetch) != 2:
-            raise TypeError("prefetch: expected a tuple (w_next, shared_next or None)")
-        pf, pfs = prefetch
-        _check_bf16("prefetch w_next", pf, 3)
-        if pf.shape[0] != E or pf.device != w.device:
-            raise ValueError(f"prefetch: expected w_next [{E}, ...] on {w.device}, got {tuple(pf.shape)} on {pf.device}")
-        if pfs is not None:
-            _check_bf16("prefetch shared_next", pfs, 2)
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
     if rows == 0:
         return out
     defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit), ("MOE_NT", nt),
-               ("MOE_STAGES", stages)) + ((("MOE_HINT", 1),) if pf is not None else ())
+               ("MOE_STAGES", stages))
     fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
     chunks = -(-n_tok // (8 * nt))
     s0 = shared if shared is not None else w
@@ -425,9 +394,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
             np.uint64(0) if active is None else ptr(active), ptr(out), np.int32(N), ptr(s0),
             ptr(s0 if shared_up is None else shared_up), np.int32(n_sh), np.int32(k_sh), np.int32(shared_first),
-            np.int32(n_tok), np.int32(bool(x_ready)), np.uint64(0) if pf is None else ptr(pf),
-            np.int64(0 if pf is None else pf[0].numel() * 2), np.uint64(0) if pfs is None else ptr(pfs),
-            np.int64(0 if pfs is None else pfs.numel() * 2)),
+            np.int32(n_tok), np.int32(bool(x_ready))),
            shared_mem=smem_bytes(nt, ksplit, stages), device=x.device, pdl=True)
     return out
 
@@ -517,7 +484,7 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
     groups = min(E, T * k)  # at most this many experts have tokens
     gu = gate_up_shape(T, d)
     hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, nt=nt, shared=s1, shared_up=s3, shared_first=T * k,
-                       active=active, groups=groups, x_ready=x_ready, shape=gu, prefetch=down_prefetch(T, w2, s2))
+                       active=active, groups=groups, x_ready=x_ready, shape=gu)
     ys = grouped_gemm(hid, w2, offs, rows, nt=nt, shared=s2, shared_first=T * k, active=active, groups=groups)
     return combine(ys, pos, weight.float(), T * k if shared is not None else None)
 

@@ -1,6 +1,6 @@
 """The router kernels on one GPU beside the torch router, then the whole MoE layer with each.
 
-Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|gushape|prefetch|all]   (prints tables; one device call)
+Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|gushape|all]   (prints tables; one device call)
 
 router: for the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17,
 65, 128): ``kdtree.experts.route`` with the "fma" kernel (default shape) and the "mma" kernel,
@@ -23,11 +23,6 @@ GEMM's small-T shape (``kdtree.experts.GATE_UP_SMALL_SHAPE``) used up to each of
 tokens (``GATE_UP_SMALL_T``; 0: never), alternating, in one process. (Its committed log,
 ``results/moe/t1_h200/gushape.log``, ran the same comparison when the shape applied to every
 T of one token tile: its columns ``{1: (8, 3)}`` and ``{}``.)
-
-prefetch: the whole layer (``run_moe_bench``, T = 1, 2, 17, model, uniform and Zipf routing) with
-the router's gate loads before or after its wait (``ROUTER_PRELOAD``) and the gate/up GEMM's
-prefetch of the down weights on or off (``PREFETCH_DOWN_T`` 1 or 0), the four combinations
-alternating, twice, in one process; then ``stage_breakdown`` at T = 1 with the defaults.
 
 layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
 65, graph replay, this run's measured HBM bandwidth) once with each router kernel as
@@ -166,30 +161,3 @@ if STEPS in ("gushape", "all"):
     print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us").round(1).to_string())
     print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction").round(3)
           .to_string(), flush=True)
-
-# (label, ROUTER_PRELOAD, PREFETCH_DOWN_T)
-PF_TRIALS = (("neither", False, 0), ("router preload", True, 0), ("down prefetch", False, 1),
-             ("both", True, 1))
-if STEPS in ("prefetch", "all"):
-    default, frames = (ek.ROUTER_PRELOAD, ek.PREFETCH_DOWN_T), []
-    for rep in range(2):
-        for label, preload, pf_t in PF_TRIALS:
-            ek.ROUTER_PRELOAD, ek.PREFETCH_DOWN_T = preload, pf_t
-            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 2, 17), routings=("model", "uniform", "zipf"), zipf_a=1.2,
-                              fp8=False, ceilings=c)
-            frames.append(d[d.variant == "bf16"].assign(trial=label, rep=rep))
-            torch.cuda.empty_cache()
-    ek.ROUTER_PRELOAD, ek.PREFETCH_DOWN_T = default
-    g = pd.concat(frames)
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us", sort=False)
-          .round(1).to_string())
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction", sort=False)
-          .round(3).to_string(), flush=True)
-    bad = g[g.error.fillna("") != ""]
-    print("failed checks:", "none" if bad.empty else bad[["trial", "routing", "tokens", "error"]].to_string(),
-          "; largest check_error", g.check_error.max(), flush=True)
-    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
-    x = torch.randn(1, moe.w1.shape[2], generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
-    st = stage_breakdown(moe, x, moe.route(x)[1])
-    print(st[["stage", "distinct", "weight_bytes", "median_us", "p20_us", "p80_us"]].round(2).to_string(index=False),
-          flush=True)

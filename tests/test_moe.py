@@ -245,16 +245,14 @@ def test_fp8_tolerance_covers_one_requantization():
 
 @pytest.mark.gpu
 @torch.no_grad()
-@pytest.mark.parametrize("T", [1, 40])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_cuda_moe_at_kimi_ep8_shapes(fp8, T):
-    """bf16 (the kernels; at one token the gate/up GEMM's small shape and its prefetch of the
-    down weights) and fp8 (torch._scaled_grouped_mm, per-row scales) against the float64
-    reference at the EP8 shard's shapes; the graph replay equals the eager call."""
+def test_cuda_moe_at_kimi_ep8_shapes(fp8):
+    """bf16 (torch._grouped_mm) and fp8 (torch._scaled_grouped_mm, per-row scales) against the
+    float64 reference at the EP8 shard's shapes; the graph replay equals the eager call."""
     cfg = replace(get_config("kimi_k2_ep8"), expert_fp8=fp8)
     moe = moe_layer(cfg, "cuda", torch.bfloat16, seed=1)
     g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(T, cfg.dim, device="cuda", generator=g).to(torch.bfloat16)
+    x = torch.randn(40, cfg.dim, device="cuda", generator=g).to(torch.bfloat16)
     weight, expert = moe.route(x)
     expert[:4] = torch.tensor([0, 1, 2, 3, 4, 5, 6, 47], device="cuda")  # all-local tokens
     got = moe.experts(x, weight, expert)
@@ -475,24 +473,6 @@ def test_moe_kernels_under_compute_sanitizer():
 
 
 @pytest.mark.gpu
-@torch.no_grad()
-def test_down_prefetch_changes_no_bits(monkeypatch):
-    """The gate/up GEMM's prefetch of the down weights (and its weights' evict-first copies) at
-    one token changes where bytes come from, not the result: the layer's bits are the same
-    without it, with the shared expert and with a token whose eight experts are all local."""
-    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16, seed=4)
-    x = torch.randn(1, moe.w1.shape[2], device="cuda").to(torch.bfloat16)
-    weight, expert = moe.route(x)
-    for ids in (expert, torch.tensor([[0, 1, 2, 3, 4, 5, 6, 47]], device="cuda")):
-        with_pf = moe.experts(x, weight, ids, shared=True)
-        monkeypatch.setattr(ek, "PREFETCH_DOWN_T", 0)
-        without = moe.experts(x, weight, ids, shared=True)
-        monkeypatch.setattr(ek, "PREFETCH_DOWN_T", 1)
-        torch.cuda.synchronize()
-        assert torch.equal(with_pf, without)
-
-
-@pytest.mark.gpu
 def test_grouped_gemm_rejects_bad_grid_rows():
     """``groups`` and ``active`` are checked before the launch, each error naming its argument."""
     x = torch.zeros(4, 256, dtype=torch.bfloat16, device="cuda")
@@ -506,10 +486,6 @@ def test_grouped_gemm_rejects_bad_grid_rows():
         ek.grouped_gemm(x, w, offs, 4, active=active.long(), groups=2)
     with pytest.raises(ValueError, match="groups: expected 3 .* without active"):
         ek.grouped_gemm(x, w, offs, 4, groups=2)
-    with pytest.raises(ValueError, match=r"prefetch: expected w_next \[3, ...\]"):
-        ek.grouped_gemm(x, w, offs, 4, prefetch=(w[:2].contiguous(), None))
-    with pytest.raises(TypeError, match="prefetch: expected a tuple"):
-        ek.grouped_gemm(x, w, offs, 4, prefetch=w)
 
 
 def test_kernel_entry_points_reject_bad_input():
@@ -531,6 +507,3 @@ def test_kernel_entry_points_reject_bad_input():
     assert ek.gate_up_shape(ek.GATE_UP_SMALL_T + 1, 7168) is None   # more tokens: SHAPES
     assert ek.gate_up_shape(1, 64 * small[0] + 256) is None          # K not in whole steps of its warps
     assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]
-    w2, s2 = torch.zeros(2, 256, 32, dtype=torch.bfloat16), torch.zeros(256, 32, dtype=torch.bfloat16)
-    assert ek.down_prefetch(ek.PREFETCH_DOWN_T, w2, s2) == (w2, s2)
-    assert ek.down_prefetch(ek.PREFETCH_DOWN_T + 1, w2, s2) is None

@@ -429,7 +429,7 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
         def gate_up():
             return ek.grouped_gemm(x, moe.w1, offs, rows, up=moe.w3, rowidx=rowidx, nt=nt, shared=sh[0],
                                    shared_up=sh[1], shared_first=T * k, active=active, groups=groups,
-                                   shape=ek.gate_up_shape(T, d), prefetch=ek.down_prefetch(T, moe.w2, sh[2]))
+                                   shape=ek.gate_up_shape(T, d))
 
         hid = gate_up()
 
