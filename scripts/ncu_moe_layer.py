@@ -1,9 +1,10 @@
 """The kimi_k2_ep8 MoE layer at T tokens, called twice, for Nsight Compute (the second call's kernels).
 
-Usage: ncu --clock-control none --cache-control all --launch-skip 5 --launch-count 5 ...
-       python3 scripts/ncu_moe_layer.py [T]
-The layer is five launches (router, permute, gate/up, down, combine); the first call compiles
-and warms them.
+Usage: ncu --clock-control none --cache-control all -k regex:moe_ --launch-skip 5 --launch-count 5
+       --metrics ... --csv python3 scripts/ncu_moe_layer.py [T]
+The layer is five launches (router, permute, gate/up, down, combine), every kernel named moe_*;
+the first call compiles and warms them. The filter matters: without it the skip counts torch's
+kernels that initialise the weights.
 """
 import sys
 
