@@ -10,7 +10,7 @@ same run measured; then ``fused`` against ``cascade`` and against the first wgmm
 
 moe: the 05 notebook's table (``05.parquet``, ``05.meta.json``, ``ceilings.json``): the bf16
 layer's fraction of HBM bandwidth and its time per routing and T, the kernel path's stage
-breakdown, and the step model's validation.
+breakdown, the step model's validation and its best budgets per prefix.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+
+from kdtree.bench.stepmodel import best_budget_statement
 
 
 def _spread(v: pd.Series) -> str:
@@ -86,6 +88,9 @@ def moe(run: str) -> str:
             "| preset | points | predicted / measured, min | max |", "|---|---|---|---|"]
     for preset, g in v.groupby("preset", sort=False):
         out.append(f"| {preset} | {len(g)} | {g.ratio.min():.3f} | {g.ratio.max():.3f} |")
+    sp = d[d.table == "speedup"].dropna(axis=1, how="all")
+    out += [""] + [line for prefix in sorted(sp.prefix.unique())
+                   for line in best_budget_statement(sp[sp.prefix == prefix])]
     return "\n".join(out)
 
 
