@@ -1,13 +1,14 @@
 """Whether host-dispatched timings agree between processes, as a sweep's twin notebooks need:
 PROCS fresh Python processes one after another (a sweep runs each notebook in its own kernel),
 each timing the eager calls and host paths of ``host_timing_check`` with :class:`Rounds` as the
-sweeps take them, and with ``Rounds(fast_cpu=True)`` (every round on a vCPU running at full speed
-now), the two alternating twice in each process.
+sweeps take them, twice. (At 9baa3fb it also took them with every round moved to a vCPU at full
+speed, ``--methods rounds,fast_cpu``: no better, ``results/host_process_h200``.)
 
-Prints, per timing and method, the medians of every process, their max / min, and the share of
-process pairs within 5% of each other; at the end the same share over all timings over 50 us.
+Prints, per timing, the medians of every process, their max / min, and the share of process
+pairs within 5% of each other; at the end the same share over all timings over 50 us, and how
+often the two passes inside one process agree.
 
-    PYTHONPATH=. python scripts/host_process_check.py [PROCS] [--methods rounds,fast_cpu] [--fixed-layout]
+    PYTHONPATH=. python scripts/host_process_check.py [PROCS] [--fixed-layout]
 
 ``--fixed-layout`` starts every process with address-space randomisation off (``setarch -R``)
 and ``PYTHONHASHSEED=0``: if the processes then agree, what differs between them is where their
@@ -25,7 +26,7 @@ import sys
 import numpy as np
 
 
-def child(methods: list[str]) -> None:
+def child() -> None:
     import torch
 
     from kdtree.bench.timing import Rounds
@@ -34,8 +35,8 @@ def child(methods: list[str]) -> None:
     dev = torch.device("cuda")
     eager, host = eager_points(dev), host_points()
     out = {}
-    for method in methods * 2:
-        r = Rounds(fast_cpu=method == "fast_cpu")
+    for method in ("rounds", "rounds"):
+        r = Rounds()
         ts = {name: r.events(calls, reps=100, warmup=3, l2="cold" if cold else "warm", floor=floor)
               for name, (calls, floor, cold) in eager.items()}
         ts |= {name: r.host(fn, reps=20, warmup=1) for name, fn in host.items()}
@@ -45,9 +46,9 @@ def child(methods: list[str]) -> None:
     print(json.dumps(out))
 
 
-def main(procs: int, methods: list[str], fixed_layout: bool) -> None:
+def main(procs: int, fixed_layout: bool) -> None:
     runs = []
-    cmd = [sys.executable, __file__, "--child", "--methods", ",".join(methods)]
+    cmd = [sys.executable, __file__, "--child"]
     env = os.environ | ({"PYTHONHASHSEED": "0"} if fixed_layout else {})
     for i in range(procs):
         res = subprocess.run((["setarch", "-R"] if fixed_layout else []) + cmd, capture_output=True, text=True,
@@ -74,11 +75,10 @@ def main(procs: int, methods: list[str], fixed_layout: bool) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("procs", type=int, nargs="?", default=6)
-    ap.add_argument("--methods", default="rounds,fast_cpu")
     ap.add_argument("--fixed-layout", action="store_true")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        child(a.methods.split(","))
+        child()
     else:
-        main(a.procs, a.methods.split(","), a.fixed_layout)
+        main(a.procs, a.fixed_layout)

@@ -16,7 +16,6 @@ import functools
 import gc
 import itertools
 import math
-import os
 import subprocess
 import threading
 import time
@@ -333,56 +332,6 @@ def _event_samples(fns, reps: int, first: int, flush, floor) -> tuple[list[float
 
 
 ROUNDS = 10   # rounds of every Rounds timing
-SPIN_ITERS = 3000     # iterations of FastCpu's speed probe: ~0.1 ms of pure Python at full speed
-FAST_CPU_SLACK = 1.15  # a CPU is at full speed while its probe takes at most this times the best seen
-
-
-def _spin() -> float:
-    """Seconds of a fixed pure-Python loop: the CPU's speed as the interpreter sees it."""
-    t0 = time.perf_counter()
-    s = 0.0
-    for i in range(SPIN_ITERS):
-        s += i * 0.5
-    return time.perf_counter() - t0
-
-
-class FastCpu:
-    """Keeps the calling thread on a vCPU that runs at full speed now.
-
-    On the H200's host the vCPUs do not slow down together: at any moment some run a pure-Python
-    loop at full speed and others at about half, and which ones changes from second to second
-    (``scripts/host_core_probe.py``). :meth:`ensure` probes the current CPU (~0.1 ms); if it
-    runs slower than :data:`FAST_CPU_SLACK` times the best probe seen, it probes every CPU the
-    process may use and pins the thread to the fastest. :meth:`release` gives the thread its
-    CPUs back. Where the platform has no affinity calls it does nothing.
-    """
-
-    def __init__(self):
-        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self.best = math.inf
-        self.moves = 0
-
-    def ensure(self) -> bool:
-        """Stay, or move to the fastest CPU; True when the thread moved (its caches are cold)."""
-        if len(self.cpus) < 2:
-            return False
-        t = min(_spin(), _spin())
-        self.best = min(self.best, t)
-        if t <= FAST_CPU_SLACK * self.best:
-            return False
-        speeds = {}
-        for c in self.cpus:
-            os.sched_setaffinity(0, {c})
-            speeds[c] = min(_spin(), _spin())
-        c = min(speeds, key=speeds.get)
-        self.best = min(self.best, speeds[c])
-        os.sched_setaffinity(0, {c})
-        self.moves += 1
-        return True
-
-    def release(self) -> None:
-        if len(self.cpus) >= 2:
-            os.sched_setaffinity(0, set(self.cpus))
 HOST_REWARM_S = 1e-3   # host calls shorter than this get an untimed call at the start of each round
 
 
@@ -410,17 +359,20 @@ class Rounds:
     pure-Python speed meter read around each round was tried and measured (run h200-20261202-1):
     host-dispatched points agreed between the twins at 58% where both runs' meters read full
     speed and at 65% where not, so the meter does not say which rounds to trust, and the rounds
-    are not gated on it.
+    are not gated on it. Nor are they moved to a vCPU at full speed: at any moment some vCPUs run
+    at full speed and others at half, but six processes timing the same calls one after another
+    agreed within 5% at 39% of the pairs that way against 32% without, and in another set of six,
+    three consecutive processes (about 45 s) ran every timing at half speed, their quietest
+    rounds included (``scripts/host_process_check.py``, ``results/host_process_h200``).
 
     The registering methods return a :class:`Timing` whose fields :meth:`run` fills in; until
     then its ``reps`` is 0 and its ``as_dict`` refuses.
     """
 
-    def __init__(self, rounds: int = ROUNDS, fast_cpu: bool = False):
+    def __init__(self, rounds: int = ROUNDS):
         if not (isinstance(rounds, int) and rounds >= 1):
             raise ValueError(f"rounds: expected a positive int, got {rounds!r}")
         self.rounds = rounds
-        self.fast_cpu = fast_cpu
         self._jobs: list[dict] = []
 
     @property
@@ -461,32 +413,14 @@ class Rounds:
         with host_clock() as clock, QuietGC(), (ClockSampler() if gpu else contextlib.nullcontext()) as clocks:
             for j in jobs:
                 j["rounds"], j["taken"] = [], 0
-            cpu = FastCpu() if self.fast_cpu else None
-            try:
-                for r in range(self.rounds):
-                    for j in jobs:
-                        if r == 0:
-                            self._start(j, clock)
-                        if r < j["n_rounds"]:
-                            if cpu is not None and cpu.ensure():
-                                self._rewarm(j)
-                            j["rounds"].append(self._round(j, flush, clock))
-            finally:
-                if cpu is not None:
-                    cpu.release()
+            for r in range(self.rounds):
+                for j in jobs:
+                    if r == 0:
+                        self._start(j, clock)
+                    if r < j["n_rounds"]:
+                        j["rounds"].append(self._round(j, flush, clock))
             for j in jobs:
                 self._fill(j, clocks)
-
-    @staticmethod
-    def _rewarm(j: dict) -> None:
-        """One untimed call on a CPU the thread just moved to (its caches hold none of it)."""
-        if j["kind"] == "events":
-            j["fns"][j["taken"] % len(j["fns"])]()
-            torch.cuda.synchronize()
-        else:
-            j["fn"]()
-            if j["sync"]:
-                torch.cuda.synchronize()
 
     def _start(self, j: dict, clock) -> None:
         if j["kind"] == "events":
