@@ -420,22 +420,19 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
     gate_bytes = moe.gate.weight.numel() * moe.gate.weight.element_size()
     stages = [("router", lambda: moe.route(x), gate_bytes)]
     if moe.use_kernels(x):
-        nt = ek.chunk_tiles(T, k, moe.n_routed)
         sh = (moe.shared.w1.weight, moe.shared.w3.weight, moe.shared.w2.weight) if hs else (None, None, None)
         rows = T * k + (T if hs else 0)
         offs, rowidx, pos, active = ek.permute(expert, E)
-        groups = min(E, T * k)
+        gu_opts, down_opts = ek.layer_gemm_options(T, k, moe.n_routed, E, d)
 
         def gate_up():
-            return ek.grouped_gemm(x, moe.w1, offs, rows, up=moe.w3, rowidx=rowidx, nt=nt, shared=sh[0],
-                                   shared_up=sh[1], shared_first=T * k, active=active, groups=groups,
-                                   shape=ek.gate_up_shape(T, d))
+            return ek.grouped_gemm(x, moe.w1, offs, rows, up=moe.w3, rowidx=rowidx, shared=sh[0], shared_up=sh[1],
+                                   active=active, **gu_opts)
 
         hid = gate_up()
 
         def down():
-            return ek.grouped_gemm(hid, moe.w2, offs, rows, nt=nt, shared=sh[2], shared_first=T * k, active=active,
-                                   groups=groups)
+            return ek.grouped_gemm(hid, moe.w2, offs, rows, shared=sh[2], active=active, **down_opts)
 
         ys = down()
         stages += [("permute", lambda: ek.permute(expert, E), 0),
