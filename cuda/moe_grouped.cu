@@ -34,10 +34,7 @@
 //
 // Compile-time options (-D): MOE_K (input width, a multiple of 64 * MOE_KSPLIT), MOE_NT (token
 // tiles of 8 per chunk), MOE_GATED, MOE_STAGES (ring depth), MOE_KSPLIT (warps per block),
-// MOE_TOPK (slots per token, combine), MOE_HALF (with MOE_GATED: 8 gate and 8 up rows per block in
-// one m16 tile, rows g the gate's and rows g + 8 the up's, so that one thread holds both of an
-// output; twice the blocks of half the bytes, for launches of one wave). No system headers:
-// compiles under NVRTC and nvcc.
+// MOE_TOPK (slots per token, combine). No system headers: compiles under NVRTC and nvcc.
 //
 // All three kernels are launched with programmatic dependent launch (cuda/pdl.cuh): each starts
 // while the one before it runs, waits for it before it reads its outputs, and lets the next one
@@ -65,9 +62,6 @@
 #ifndef MOE_TOPK
 #define MOE_TOPK 8
 #endif
-#ifndef MOE_HALF
-#define MOE_HALF 0
-#endif
 #define MOE_MAX_EXPERTS 1024
 
 typedef unsigned short moe_bf16;
@@ -76,17 +70,13 @@ typedef unsigned int moe_u32;
 #define MOE_KW (MOE_K / MOE_KSPLIT)          // K per warp
 #define MOE_KSTEPS (MOE_KW / 64)              // 64-wide steps per warp
 #define MOE_KSTRIDE (64 * MOE_KSPLIT)         // elements between a warp's steps
-#define MOE_TILES (MOE_HALF ? 1 : 2)           // m16 weight tiles per block
-#define MOE_NA (4 * MOE_TILES)                // A uint4 per thread per step: tiles x 2 rows x 32 bytes
+#define MOE_NA 8                              // A uint4 per thread per step: 2 tiles x 2 rows x 32 bytes
 #define MOE_NB (2 * MOE_NT)                   // B uint4 per thread per step
 #define MOE_NSLOT (MOE_NA + MOE_NB)
-#define MOE_ROWS (MOE_HALF ? 8 : (MOE_GATED ? 16 : 32))  // output rows per block
+#define MOE_ROWS (MOE_GATED ? 16 : 32)        // output rows per block
 
 #if MOE_KW % 64 != 0
 #error "MOE_K must be a multiple of 64 * MOE_KSPLIT"
-#endif
-#if MOE_HALF && !MOE_GATED
-#error "MOE_HALF needs MOE_GATED"
 #endif
 
 __device__ __forceinline__ float moe_bf16_to_f32(moe_bf16 h) { return __uint_as_float(((moe_u32)h) << 16); }
@@ -218,13 +208,8 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 #else
   const moe_bf16* wb = wa + 16LL * kw;
 #endif
-#if MOE_HALF
-  // one m16 tile: its rows g are gate row r0 + g, its rows g + 8 up row r0 + g
-  const moe_bf16* arow[2] = {wa + (r0 + g) * kw + kofs, wb + (r0 + g) * kw + kofs};
-#else
   const moe_bf16* arow[4] = {wa + (r0 + g) * kw + kofs, wa + (r0 + g + 8) * kw + kofs,
                              wb + (r0 + g) * kw + kofs, wb + (r0 + g + 8) * kw + kofs};
-#endif
   uint4* mine = ring + warp * MOE_STAGES * MOE_NSLOT * 32 + lane;
   const moe_u32 mine_s = (moe_u32)__cvta_generic_to_shared(mine);
 
@@ -248,9 +233,9 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       for (int j = 0; j < MOE_NB; ++j)
         moe_cp_async16(dst + (MOE_NA + j) * 32 * 16, brow[j >> 1] + kk + (j & 1) * 32, bbytes[j >> 1]);
     };
-    float acc[MOE_TILES][MOE_NT][4];
+    float acc[2][MOE_NT][4];
 #pragma unroll
-    for (int t = 0; t < MOE_TILES; ++t)
+    for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int j = 0; j < MOE_NT; ++j)
 #pragma unroll
@@ -276,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
 #pragma unroll
-        for (int t = 0; t < MOE_TILES; ++t) {
+        for (int t = 0; t < 2; ++t) {
           // a[t*4 + h*2 + u]: tile t, row g + 8h, the thread's 16 bytes of half u of the step
           const moe_u32 x0 = moe_word(a[t * 4 + 0], a[t * 4 + 1], 2 * s);
           const moe_u32 x1 = moe_word(a[t * 4 + 2], a[t * 4 + 3], 2 * s);
@@ -292,32 +277,15 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     asm volatile("cp.async.wait_group 0;\n" ::);
     if (wait_late) pdl_wait();  // the first store: the kernels before have completed
     __syncthreads();  // every warp is done with its ring: reuse it for the split-K partials
-    float* red = reinterpret_cast<float*>(ring);  // [MOE_KSPLIT][MOE_TILES][MOE_NT][4][32]
+    float* red = reinterpret_cast<float*>(ring);  // [MOE_KSPLIT][2][MOE_NT][4][32]
 #pragma unroll
-    for (int t = 0; t < MOE_TILES; ++t)
+    for (int t = 0; t < 2; ++t)
 #pragma unroll
       for (int j = 0; j < MOE_NT; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          red[(((warp * MOE_TILES + t) * MOE_NT + j) * 4 + c) * 32 + lane] = acc[t][j][c];
+        for (int c = 0; c < 4; ++c) red[(((warp * 2 + t) * MOE_NT + j) * 4 + c) * 32 + lane] = acc[t][j][c];
     __syncthreads();
     const int per_tile = MOE_NT * 4 * 32;
-#if MOE_HALF
-    // accumulator c = 0, 1: gate of row r0 + g (tokens 2q, 2q + 1); c = 2, 3: up of the same row
-    for (int idx = threadIdx.x; idx < per_tile / 2; idx += 32 * MOE_KSPLIT) {
-      const int j = idx / 64, c = (idx / 32) & 1, l = idx & 31, rest = (j * 4 + c) * 32 + l;
-      const int p = c0 + j * 8 + 2 * (l & 3) + c;
-      if (p >= end) continue;
-      float v = 0.f, u = 0.f;
-#pragma unroll
-      for (int w = 0; w < MOE_KSPLIT; ++w) {
-        v += red[w * per_tile + rest];
-        u += red[w * per_tile + rest + 64];
-      }
-      reinterpret_cast<moe_bf16*>(out)[(long long)p * n_out + r0 + (l >> 2)] =
-          moe_f32_to_bf16(v / (1.f + __expf(-v)) * u);
-    }
-#else
     for (int idx = threadIdx.x; idx < (MOE_GATED ? 1 : 2) * per_tile; idx += 32 * MOE_KSPLIT) {
       const int t = idx / per_tile, rest = idx % per_tile, j = rest / 128, c = (rest / 32) & 3, l = rest & 31;
       const int p = c0 + j * 8 + 2 * (l & 3) + (c & 1);
@@ -325,17 +293,16 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
       const int row = r0 + t * 16 + (l >> 2) + (c >> 1) * 8;
       float v = 0.f;
 #pragma unroll
-      for (int w = 0; w < MOE_KSPLIT; ++w) v += red[(w * MOE_TILES + t) * per_tile + rest];
+      for (int w = 0; w < MOE_KSPLIT; ++w) v += red[(w * 2 + t) * per_tile + rest];
 #if MOE_GATED
       float u = 0.f;
 #pragma unroll
-      for (int w = 0; w < MOE_KSPLIT; ++w) u += red[(w * MOE_TILES + 1) * per_tile + rest];
+      for (int w = 0; w < MOE_KSPLIT; ++w) u += red[(w * 2 + 1) * per_tile + rest];
       reinterpret_cast<moe_bf16*>(out)[(long long)p * n_out + row] = moe_f32_to_bf16(v / (1.f + __expf(-v)) * u);
 #else
       reinterpret_cast<float*>(out)[(long long)p * n_out + row] = v;
 #endif
     }
-#endif
     __syncthreads();  // the partials are read before the next chunk's copies land in the ring
   }
 }

@@ -57,12 +57,6 @@ SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
 # at T = 2, and 111.6-111.8 against 106.6-107.1 at T = 4 and 213.2-213.4 against 208.6 at T = 8.
 GATE_UP_SMALL_T = 1
 GATE_UP_SMALL_SHAPE = (8, 3)
-# The layer's gate/up GEMM in half tiles (8 gate and 8 up rows a block) up to GATE_UP_HALF_T
-# tokens: at T = 1 on Kimi K2 EP8 its 144 full blocks (one expert and the shared expert's shard)
-# fill 132 SMs one block each and leave 12 for a second wave that streams alone (Nsight Compute,
-# results/moe/t1_h200/ncu: SMs active 72% of the kernel, 59% of peak DRAM throughput); 288 half
-# blocks at three a SM all start at once.
-GATE_UP_HALF_T = 1
 _SRC = "moe_grouped"
 _COUNTERS: dict[int, torch.Tensor] = {}
 
@@ -101,17 +95,16 @@ def layer_gemm_options(tokens: int, k: int, experts_total: int, experts_local: i
     tensors (``routed_experts`` and ``kdtree.bench.moe.stage_breakdown`` both take them from here):
     token tiles ``nt`` (``chunk_tiles``), the shared expert's first position ``tokens k``, grid rows
     ``groups = min(experts_local, tokens k)`` (at most that many local experts have tokens), and
-    for gate/up its ``shape`` (``gate_up_shape``) and ``half`` (up to ``GATE_UP_HALF_T`` tokens).
+    for gate/up its ``shape`` (``gate_up_shape``).
     """
     down = {"nt": chunk_tiles(tokens, k, experts_total), "shared_first": tokens * k,
             "groups": min(experts_local, tokens * k)}
-    return down | {"shape": gate_up_shape(tokens, dim), "half": tokens <= GATE_UP_HALF_T}, down
+    return down | {"shape": gate_up_shape(tokens, dim)}, down
 
 
-def smem_bytes(nt: int, ksplit: int, stages: int, half: bool = False) -> int:
-    """Dynamic shared memory of a grouped-GEMM block: ksplit warps x stages x (8 + 2 nt) x 512 B
-    (4 + 2 nt with ``half``)."""
-    return ksplit * stages * ((4 if half else 8) + 2 * nt) * 32 * 16
+def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
+    """Dynamic shared memory of a grouped-GEMM block: ksplit warps x stages x (8 + 2 nt) x 512 B."""
+    return ksplit * stages * (8 + 2 * nt) * 32 * 16
 
 
 def _check_bf16(name: str, t: torch.Tensor, dim: int) -> None:
@@ -303,7 +296,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
                  shape: tuple[int, int] | None = None, shared: torch.Tensor | None = None,
                  shared_up: torch.Tensor | None = None, shared_first: int = 0,
                  active: torch.Tensor | None = None, groups: int | None = None,
-                 x_ready: bool = False, half: bool = False) -> torch.Tensor:
+                 x_ready: bool = False) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -344,9 +337,6 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         GEMM after ``permute``): the extra group's blocks stream x and their weights while that
         kernel still runs (programmatic dependent launch) and wait for it only before they
         store. False: every block waits first.
-    half : bool
-        With ``up`` only: blocks of 8 gate and 8 up rows (one tensor tile) instead of 16 and 16,
-        twice as many blocks of half the bytes (``GATE_UP_HALF_T``).
 
     Returns
     -------
@@ -363,12 +353,10 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
             raise ValueError(f"up: expected the shape of w {tuple(w.shape)}, got {tuple(up.shape)}")
     if nt not in SHAPES:
         raise ValueError(f"nt: expected one of {sorted(SHAPES)}, got {nt!r}")
-    if half is not False and (half is not True or up is None):
-        raise ValueError(f"half: expected a bool, True only with up, got {half!r}")
     ksplit, stages = SHAPES[nt] if shape is None else shape
-    if ksplit not in (1, 2, 4, 8) or not 2 <= stages <= 8 or smem_bytes(nt, ksplit, stages, half) > 227 * 1024:
+    if ksplit not in (1, 2, 4, 8) or not 2 <= stages <= 8 or smem_bytes(nt, ksplit, stages) > 227 * 1024:
         raise ValueError(f"shape: expected ksplit in (1, 2, 4, 8), stages in 2..8 within 227 KB, got {shape}")
-    tile = ROWS_GATED // 2 if half else (ROWS_GATED if up is not None else ROWS_DOWN)
+    tile = ROWS_GATED if up is not None else ROWS_DOWN
     if x.shape[1] != K or K % (64 * ksplit) or N % tile:
         raise ValueError(f"x, w: expected x [R, K] and w [E, N, K] with K % {64 * ksplit} == 0 and "
                          f"N % {tile} == 0, got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -410,7 +398,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     if rows == 0:
         return out
     defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit), ("MOE_NT", nt),
-               ("MOE_STAGES", stages), ("MOE_HALF", int(half)))
+               ("MOE_STAGES", stages))
     fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
     chunks = -(-n_tok // (8 * nt))
     s0 = shared if shared is not None else w
@@ -419,7 +407,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
             np.uint64(0) if active is None else ptr(active), ptr(out), np.int32(N), ptr(s0),
             ptr(s0 if shared_up is None else shared_up), np.int32(n_sh), np.int32(k_sh), np.int32(shared_first),
             np.int32(n_tok), np.int32(bool(x_ready))),
-           shared_mem=smem_bytes(nt, ksplit, stages, half), device=x.device, pdl=True)
+           shared_mem=smem_bytes(nt, ksplit, stages), device=x.device, pdl=True)
     return out
 
 

@@ -1,6 +1,6 @@
 """The router kernels on one GPU beside the torch router, then the whole MoE layer with each.
 
-Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|gushape|half|all]   (prints tables; one device call)
+Usage: PYTHONPATH=. python3 scripts/moe_dev.py [router|layer|stages|shapes|gushape|all]   (prints tables; one device call)
 
 router: for the kimi_k2_ep8 MoE layer's router (dim 7168, 384 experts, top 8) at T in (1, 17,
 65, 128): ``kdtree.experts.route`` with the "fma" kernel (default shape) and the "mma" kernel,
@@ -23,11 +23,6 @@ GEMM's small-T shape (``kdtree.experts.GATE_UP_SMALL_SHAPE``) used up to each of
 tokens (``GATE_UP_SMALL_T``; 0: never), alternating, in one process. (Its committed log,
 ``results/moe/t1_h200/gushape.log``, ran the same comparison when the shape applied to every
 T of one token tile: its columns ``{1: (8, 3)}`` and ``{}``.)
-
-half: the whole layer (T = 1, 2, 4, model and Zipf routing) with the gate/up GEMM in half tiles up
-to ``GATE_UP_HALF_T`` tokens and its small shape up to ``GATE_UP_SMALL_T`` tokens, for the pairs
-of ``HALF_TRIALS``, alternating, twice, in one process; then ``stage_breakdown`` at T = 1 with the
-half tiles and without.
 
 layer: ``kdtree.bench.moe.run_moe_bench`` (bf16, model and Zipf a = 1.2 routing, T = 17 and
 65, graph replay, this run's measured HBM bandwidth) once with each router kernel as
@@ -166,27 +161,3 @@ if STEPS in ("gushape", "all"):
     print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us").round(1).to_string())
     print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction").round(3)
           .to_string(), flush=True)
-
-HALF_TRIALS = ((1, 1), (0, 1), (1, 0), (2, 1))   # (GATE_UP_HALF_T, GATE_UP_SMALL_T)
-if STEPS in ("half", "all"):
-    default, frames = (ek.GATE_UP_HALF_T, ek.GATE_UP_SMALL_T), []
-    for rep in range(2):
-        for half_t, small_t in HALF_TRIALS:
-            ek.GATE_UP_HALF_T, ek.GATE_UP_SMALL_T = half_t, small_t
-            d = run_moe_bench("kimi_k2_ep8", tokens=(1, 2, 4), routings=("model", "zipf"), zipf_a=1.2,
-                              fp8=False, ceilings=c)
-            frames.append(d[d.variant == "bf16"].assign(trial=f"half<={half_t} small<={small_t}", rep=rep))
-            torch.cuda.empty_cache()
-    g = pd.concat(frames)
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="median_us").round(1).to_string())
-    print(g.pivot_table(index=["routing", "tokens"], columns=["trial", "rep"], values="hbm_fraction").round(3)
-          .to_string(), flush=True)
-    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
-    x = torch.randn(1, moe.w1.shape[2], generator=torch.Generator().manual_seed(0)).to("cuda", torch.bfloat16)
-    expert = moe.route(x)[1]
-    st = []
-    for half_t in (default[0], 0, default[0], 0):
-        ek.GATE_UP_HALF_T = half_t
-        st.append(stage_breakdown(moe, x, expert).assign(trial=f"half<={half_t}"))
-    print(pd.concat(st).groupby(["stage", "trial"], sort=False).median_us.apply(list).to_string(), flush=True)
-    ek.GATE_UP_HALF_T, ek.GATE_UP_SMALL_T = default

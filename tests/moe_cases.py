@@ -14,7 +14,7 @@ COUNTS = {
 }
 
 
-def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None, half=False):
+def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
     """(got, reference, positions) of one ``grouped_gemm`` call: float64 reference on the host.
 
     ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
@@ -23,7 +23,6 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None, half=False)
     rows in order and the grid one row per expert. ``shared`` (Ns, Ks,
     tokens): an extra group of that shape over ``tokens`` positions after the routed rows; then
     ``got`` and the reference are flat: the routed rows, then the extra group's first Ns columns.
-    ``half``: gated blocks of 8 gate and 8 up rows (``grouped_gemm(half=True)``).
     """
     g = torch.Generator().manual_seed(seed)
     E, P = len(counts), sum(counts)
@@ -53,7 +52,7 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None, half=False)
         nz = [e for e, c in enumerate(counts) if c]
         kw |= dict(active=torch.tensor(nz + [-1] * (E - len(nz)), dtype=torch.int32).cuda(), groups=max(1, len(nz)))
     got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
-                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, half=half, **kw)
+                          rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, **kw)
     got = torch.cat((got[:P].flatten(), got[first:, :Ns].flatten())) if shared is not None else got[:P]
     return got.double().cpu(), ref, P
 
