@@ -2,6 +2,7 @@
 
     python scripts/perf_tables.py verify-grid results/verify_table_h200/49e9c69
     python scripts/perf_tables.py moe results/moe/h200_05_0f96448
+    python scripts/perf_tables.py ncu-kernels results/moe/t1_h200/ncu/ncu_moe_t1.csv
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -11,6 +12,10 @@ same run measured; then ``fused`` against ``cascade`` and against the first wgmm
 moe: the 05 notebook's table (``05.parquet``, ``05.meta.json``, ``ceilings.json``): the bf16
 layer's fraction of HBM bandwidth and its time per routing and T, the kernel path's stage
 breakdown, the step model's validation and its best budgets per prefix.
+
+ncu-kernels: one row per profiled launch of an Nsight Compute ``--csv`` export taken with
+``--metrics`` (one row per launch and metric): its time, DRAM bytes read, DRAM throughput, the
+share of its cycles the SMs were active, and its grid, for the metrics the export holds.
 """
 from __future__ import annotations
 
@@ -94,8 +99,35 @@ def moe(run: str) -> str:
     return "\n".join(out)
 
 
+NCU_COLUMNS = {   # metric -> (column, scale)
+    "gpu__time_duration.sum": ("us", 1e-3),
+    "dram__bytes_read.sum": ("DRAM read (MB)", 1e-6),
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM % of peak", 1.0),
+    "launch__grid_size": ("blocks", 1.0),
+}
+
+
+def ncu_kernels(csv: str) -> str:
+    lines = [ln for ln in Path(csv).read_text().splitlines() if ln.startswith('"')]
+    d = pd.read_csv(pd.io.common.StringIO("\n".join(lines)), thousands=",")
+    w = d.pivot_table(index=["ID", "Kernel Name"], columns="Metric Name", values="Metric Value", aggfunc="first")
+    out = pd.DataFrame(index=w.index)
+    for metric, (col, scale) in NCU_COLUMNS.items():
+        if metric in w:
+            out[col] = (w[metric].astype(float) * scale).round(1 if scale != 1.0 or "%" in col else 0)
+    if {"sm__cycles_active.avg", "sm__cycles_elapsed.max"} <= set(w.columns):
+        out["SMs active (% of cycles)"] = (100 * w["sm__cycles_active.avg"].astype(float)
+                                           / w["sm__cycles_elapsed.max"].astype(float)).round(0)
+    out = out.reset_index().rename(columns={"ID": "launch", "Kernel Name": "kernel"})
+    cols = list(out.columns)
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    rows += ["| " + " | ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in r) + " |"
+             for r in out.itertuples(index=False)]
+    return f"From `{csv}`:\n\n" + "\n".join(rows)
+
+
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "moe": moe}
+    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
-        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER")
+        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
