@@ -8,7 +8,7 @@ if all CPUs slow down together, pinning cannot help. Prints a row per sweep over
 CPU's median workload time in ms) and, at the end, the spread across CPUs within a sweep against
 the spread of one CPU over time.
 
-    PYTHONPATH=. python scripts/host_core_probe.py [SECONDS] [HOP]
+    python scripts/host_core_probe.py [SECONDS] [HOP]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from scripts.host_steal_probe import work
+from host_steal_probe import work   # this script's folder is on sys.path
 
 
 def main(seconds: float = 45.0, hop: float = 0.05) -> None:

@@ -8,7 +8,7 @@ Prints, per timing, the medians of every process, their max / min, and the share
 pairs within 5% of each other; at the end the same share over all timings over 50 us, and how
 often the two passes inside one process agree.
 
-    PYTHONPATH=. python scripts/host_process_check.py [PROCS] [--fixed-layout]
+    python scripts/host_process_check.py [PROCS] [--fixed-layout]
 
 ``--fixed-layout`` starts every process with address-space randomisation off (``setarch -R``)
 and ``PYTHONHASHSEED=0``: if the processes then agree, what differs between them is where their
@@ -30,7 +30,7 @@ def child() -> None:
     import torch
 
     from kdtree.bench.timing import Rounds
-    from scripts.host_timing_check import eager_points, host_points
+    from host_timing_check import eager_points, host_points   # this script's folder is on sys.path
 
     dev = torch.device("cuda")
     eager, host = eager_points(dev), host_points()
