@@ -32,17 +32,16 @@ def child() -> None:
     from kdtree.bench.timing import Rounds
     from host_timing_check import eager_points, host_points   # this script's folder is on sys.path
 
-    dev = torch.device("cuda")
-    eager, host = eager_points(dev), host_points()
+    eager, host = eager_points(torch.device("cuda")), host_points()
     out = {}
-    for method in ("rounds", "rounds"):
+    for _ in range(2):   # two passes
         r = Rounds()
         ts = {name: r.events(calls, reps=100, warmup=3, l2="cold" if cold else "warm", floor=floor)
               for name, (calls, floor, cold) in eager.items()}
         ts |= {name: r.host(fn, reps=20, warmup=1) for name, fn in host.items()}
         r.run()
         for name, t in ts.items():
-            out.setdefault(method, {}).setdefault(name, []).append(t.median_us)
+            out.setdefault(name, []).append(t.median_us)
     print(json.dumps(out))
 
 
@@ -55,21 +54,17 @@ def main(procs: int, fixed_layout: bool) -> None:
                              check=True, env=env)
         runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(f"process {i + 1} of {procs} done", flush=True)
-    agree = {m: [] for m in runs[0]}
-    for method in runs[0]:
-        print(f"\n{method}: per process the mean of its two passes (us), max/min, pairs within 5%")
-        for name in runs[0][method]:
-            v = np.array([np.mean(r[method][name]) for r in runs])
-            pairs = [abs(a / b - 1) <= 0.05 for a, b in itertools.combinations(v, 2)]
-            if v.min() > 50:
-                agree[method] += pairs
-            print(f"  {name:28s} " + " ".join(f"{x:7.1f}" for x in v) +
-                  f"   {v.max() / v.min():5.2f}  {np.mean(pairs):6.1%}")
-    print()
-    for method, pairs in agree.items():
-        same = [abs(a / b - 1) <= 0.05 for r in runs for a, b in [r[method][n] for n in r[method]] if min(a, b) > 50]
-        print(f"{method}: process pairs within 5% over timings above 50 us: {np.mean(pairs):.1%} of {len(pairs)}; "
-              f"the two passes of one process: {np.mean(same):.1%} of {len(same)}")
+    print("\nper process the mean of its two passes (us), max/min, pairs within 5%")
+    across = []
+    for name in runs[0]:
+        v = np.array([np.mean(r[name]) for r in runs])
+        pairs = [abs(a / b - 1) <= 0.05 for a, b in itertools.combinations(v, 2)]
+        if v.min() > 50:
+            across += pairs
+        print(f"  {name:28s} " + " ".join(f"{x:7.1f}" for x in v) + f"   {v.max() / v.min():5.2f}  {np.mean(pairs):6.1%}")
+    within = [abs(a / b - 1) <= 0.05 for r in runs for a, b in r.values() if min(a, b) > 50]
+    print(f"\nprocess pairs within 5% over timings above 50 us: {np.mean(across):.1%} of {len(across)}; "
+          f"the two passes of one process: {np.mean(within):.1%} of {len(within)}")
 
 
 if __name__ == "__main__":

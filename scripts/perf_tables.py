@@ -19,6 +19,7 @@ share of its cycles the SMs were active, and its grid, for the metrics the expor
 """
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
@@ -109,7 +110,7 @@ NCU_COLUMNS = {   # metric -> (column, scale)
 
 def ncu_kernels(csv: str) -> str:
     lines = [ln for ln in Path(csv).read_text().splitlines() if ln.startswith('"')]
-    d = pd.read_csv(pd.io.common.StringIO("\n".join(lines)), thousands=",")
+    d = pd.read_csv(io.StringIO("\n".join(lines)), thousands=",")
     w = d.pivot_table(index=["ID", "Kernel Name"], columns="Metric Name", values="Metric Value", aggfunc="first")
     out = pd.DataFrame(index=w.index)
     for metric, (col, scale) in NCU_COLUMNS.items():
