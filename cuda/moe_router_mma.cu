@@ -25,20 +25,24 @@
 //
 // Finalisation by the last blocks. Each block, its partials written, takes a ticket from
 // ``sync[0]``. The blocks with the last F = min(ceil(T / ROUTER_TF), blocks, ROUTER_FMAX)
-// tickets wait until every block has its ticket (spinning on ``sync[0]``: all but at most F - 1
+// tickets wait until every block has its ticket (the last ticket's holder at once; the others
+// spin on ``sync[0]``: all but at most F - 1
 // blocks have finished by then and the rest are running or will start in the slots the
 // finished ones left, so the wait ends as long as the device holds more than ROUTER_FMAX blocks
 // at once), then each takes groups of ROUTER_TF tokens: sums the ROUTER_S partials of each
 // score in slice order, applies the sigmoid, and picks each token's top ROUTER_K over the E
 // scores (one warp per token: keys are the scores' bits + 1, a warp max by redux.sync, the lowest
 // id among the lanes holding it by a second redux: score descending, then expert id ascending).
-// The last finaliser out puts ``sync`` back to zero for the next launch.
+// The last finaliser out (counted on ``sync[1]``; with F = 1 the one finaliser, uncounted) puts
+// ``sync`` back to zero for the next launch. With MOE_TRACE (cuda/moe_trace.cuh) the blocks
+// also stamp their ticket and a finaliser its steps.
 //
 // Compile-time options (-D): ROUTER_D (hidden width, a multiple of 16 ROUTER_S ROUTER_KW),
 // ROUTER_E (experts, a multiple of 32 and of 16 ROUTER_MT), ROUTER_K (experts per token, <= 32),
 // ROUTER_MT (m-tiles per block), ROUTER_NT (n-tiles per pass, 1..8), ROUTER_S (K slices).
 // Launched with programmatic dependent launch (cuda/pdl.cuh). No system headers: compiles under NVRTC and nvcc.
 
+#include "moe_trace.cuh"
 #include "pdl.cuh"
 
 #ifndef ROUTER_D
@@ -133,7 +137,9 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
   __shared__ float red[ROUTER_KW - 1][ROUTER_MT][4 * ROUTER_NT][32];
   __shared__ float sc[ROUTER_TF][ROUTER_E];
   __shared__ unsigned ticket;
+  MoeTrace trace;
   pdl_wait();               // x comes from the kernel before (a plain launch: no-op)
+  trace.waited();
   pdl_launch_dependents();  // the layer's permutation may start; it waits for this kernel
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -196,18 +202,22 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
     __syncthreads();
   }
 
-  __threadfence();  // this block's partials reach L2 before its ticket does
+  if (kw == 0) __threadfence();  // the partials this thread stored reach L2 before the ticket does
   __syncthreads();
   if (tid == 0) ticket = atomicAdd(&sync[0], 1u);
   __syncthreads();
+  trace.mark(0);  // ticket taken
   const int blocks = (int)gridDim.x;
   const int F = min(min((T + ROUTER_TF - 1) / ROUTER_TF, blocks), ROUTER_FMAX);
   const int f = (int)ticket - (blocks - F);
   if (f < 0) return;
-  if (tid == 0)
-    while (*reinterpret_cast<volatile unsigned*>(sync) < (unsigned)blocks) __nanosleep(64);
+  if (tid == 0) {  // the last ticket's holder knows every block has taken one: no poll
+    if (ticket != (unsigned)blocks - 1)
+      while (*reinterpret_cast<volatile unsigned*>(sync) < (unsigned)blocks) __nanosleep(64);
+    __threadfence();  // every block's partials are visible to this block's threads after the barrier
+  }
   __syncthreads();
-  __threadfence();
+  trace.mark(1);  // a finaliser: every ticket seen
 
   for (int t0 = f * ROUTER_TF; t0 < T; t0 += F * ROUTER_TF) {
 #pragma unroll
@@ -224,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
       }
     }
     __syncthreads();
+    trace.mark(2);  // scores summed
     const int t = t0 + warp;
     if (warp < ROUTER_TF && t < T) {
       unsigned key[ROUTER_SPAN];  // score bits + 1 (scores are >= +0, so the order is the scores'); 0: taken
@@ -259,8 +270,9 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
         }
     }
     __syncthreads();
+    trace.mark(3);  // top k written
   }
-  if (tid == 0 && atomicAdd(&sync[1], 1u) == (unsigned)F - 1) {
+  if (tid == 0 && (F == 1 || atomicAdd(&sync[1], 1u) == (unsigned)F - 1)) {  // the last finaliser out
     sync[0] = 0u;
     sync[1] = 0u;
   }

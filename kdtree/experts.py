@@ -25,6 +25,7 @@ torch path in ``kdtree.engine.model`` is the reference and the CPU path.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -82,6 +83,21 @@ def chunk_tiles(tokens: int, k: int, experts: int) -> int:
     return 1 if mean <= 2 else (2 if mean <= 6 else 4)
 
 
+def expected_distinct(tokens: int, k: int, experts: int, local: int) -> float:
+    """Expected distinct local experts touched by ``tokens`` tokens under uniform top-k routing.
+
+    Each token picks a uniform random ``k``-subset of ``experts``, so a given expert escapes
+    one token with probability ``1 - k / experts`` and all of them with its ``tokens``-th power:
+    ``local * (1 - (1 - k / experts) ** tokens)``.
+    """
+    for name, v in (("tokens", tokens), ("k", k), ("experts", experts), ("local", local)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+    if not 1 <= k <= experts or local > experts:
+        raise ValueError(f"k, local: expected 1 <= k <= experts and local <= experts, got {k}, {local}, {experts}")
+    return local * (1.0 - (1.0 - k / experts) ** tokens)
+
+
 def gate_up_shape(tokens: int, dim: int) -> tuple[int, int] | None:
     """(warps, ring depth) of the layer's gate/up GEMM for ``tokens`` tokens of width ``dim``:
     ``GATE_UP_SMALL_SHAPE`` up to ``GATE_UP_SMALL_T`` tokens where ``dim`` divides into its warps'
@@ -93,12 +109,18 @@ def gate_up_shape(tokens: int, dim: int) -> tuple[int, int] | None:
 def layer_gemm_options(tokens: int, k: int, experts_total: int, experts_local: int, dim: int) -> tuple[dict, dict]:
     """The keyword options of an MoE layer's gate/up and down ``grouped_gemm`` calls beyond its
     tensors (``routed_experts`` and ``kdtree.bench.moe.stage_breakdown`` both take them from here):
-    token tiles ``nt`` (``chunk_tiles``), the shared expert's first position ``tokens k``, grid rows
-    ``groups = min(experts_local, tokens k)`` (at most that many local experts have tokens), and
-    for gate/up its ``shape`` (``gate_up_shape``).
+    token tiles ``nt`` (``chunk_tiles``), the shared expert's first position ``tokens k``,
+    ``groups = min(experts_local, tokens k)`` (at most that many local experts have tokens), the
+    routed grid rows ``rows_routed``: the local experts the tokens touch on average under uniform
+    routing (``expected_distinct``, rounded up; each row walks the list of experts with tokens,
+    so more experts mean more work per block, fewer mean no empty blocks), and for gate/up its
+    ``shape`` (``gate_up_shape``).
     """
-    down = {"nt": chunk_tiles(tokens, k, experts_total), "shared_first": tokens * k,
-            "groups": min(experts_local, tokens * k)}
+    groups = min(experts_local, tokens * k)
+    # less a hair: at T = 1 the expectation is k E_local / E, 1.0 up to rounding
+    rows = min(groups, max(1, math.ceil(expected_distinct(tokens, k, experts_total, experts_local) - 1e-6)))
+    down = {"nt": chunk_tiles(tokens, k, experts_total), "shared_first": tokens * k, "groups": groups,
+            "rows_routed": rows}
     return down | {"shape": gate_up_shape(tokens, dim)}, down
 
 
@@ -295,7 +317,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
                  up: torch.Tensor | None = None, rowidx: torch.Tensor | None = None, nt: int = 1,
                  shape: tuple[int, int] | None = None, shared: torch.Tensor | None = None,
                  shared_up: torch.Tensor | None = None, shared_first: int = 0,
-                 active: torch.Tensor | None = None, groups: int | None = None,
+                 active: torch.Tensor | None = None, groups: int | None = None, rows_routed: int | None = None,
                  x_ready: bool = False) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
@@ -330,8 +352,12 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         ``permute``'s experts with tokens (ascending, then -1): the grid gets one row of blocks
         per entry of its first ``groups``, not one per expert. Without it, row e is expert e.
     groups : int, optional
-        Grid rows for the routed experts, 1 .. E (default E): with ``active``, at least the
+        Entries of ``active`` the routed blocks may take, 1 .. E (default E): at least the
         number of experts with tokens (``min(E, T k)`` always is).
+    rows_routed : int, optional
+        Grid rows for the routed experts, 1 .. groups (default groups): row j takes the entries
+        j, j + rows_routed, ... of ``active`` up to the first -1, so fewer rows than experts with
+        tokens mean more work per block, more mean empty blocks. Needs ``active`` below groups.
     x_ready : bool
         x was complete before the kernel launched just before this one (the layer's gate/up
         GEMM after ``permute``): the extra group's blocks stream x and their weights while that
@@ -392,6 +418,11 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         raise ValueError(f"active: expected int32 [{E}] on {w.device}")
     if active is None and groups != E:
         raise ValueError(f"groups: expected {E} (one grid row per expert) without active, got {groups}")
+    rows_routed = groups if rows_routed is None else rows_routed
+    if not isinstance(rows_routed, int) or isinstance(rows_routed, bool) or not 1 <= rows_routed <= groups:
+        raise ValueError(f"rows_routed: expected an int in 1..{groups} (groups), got {rows_routed!r}")
+    if active is None and rows_routed != groups:
+        raise ValueError(f"rows_routed: expected {groups} (groups) without active, got {rows_routed}")
     if x.device != w.device or (shared is not None and shared.device != w.device):
         raise ValueError(f"x, shared: expected the device of w ({w.device}), got {x.device}")
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
@@ -402,11 +433,11 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
     chunks = -(-n_tok // (8 * nt))
     s0 = shared if shared is not None else w
-    launch(fn, (N // tile, chunks + groups), (32 * ksplit,),
+    launch(fn, (N // tile, chunks + rows_routed), (32 * ksplit,),
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
             np.uint64(0) if active is None else ptr(active), ptr(out), np.int32(N), ptr(s0),
             ptr(s0 if shared_up is None else shared_up), np.int32(n_sh), np.int32(k_sh), np.int32(shared_first),
-            np.int32(n_tok), np.int32(bool(x_ready))),
+            np.int32(n_tok), np.int32(bool(x_ready)), np.int32(groups)),
            shared_mem=smem_bytes(nt, ksplit, stages), device=x.device, pdl=True)
     return out
 

@@ -14,7 +14,7 @@ COUNTS = {
 }
 
 
-def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
+def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None, grid=None):
     """(got, reference, positions) of one ``grouped_gemm`` call: float64 reference on the host.
 
     ``gather``: positions read their rows of x through a random ``rowidx`` (tokens repeated,
@@ -23,6 +23,8 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
     rows in order and the grid one row per expert. ``shared`` (Ns, Ks,
     tokens): an extra group of that shape over ``tokens`` positions after the routed rows; then
     ``got`` and the reference are flat: the routed rows, then the extra group's first Ns columns.
+    ``grid``: ``grouped_gemm``'s grid options (``groups``, ``rows_routed``) over
+    those defaults.
     """
     g = torch.Generator().manual_seed(seed)
     E, P = len(counts), sum(counts)
@@ -51,6 +53,7 @@ def grouped_case(counts, K, N, gated, nt, seed, gather, shared=None):
     if gather:
         nz = [e for e, c in enumerate(counts) if c]
         kw |= dict(active=torch.tensor(nz + [-1] * (E - len(nz)), dtype=torch.int32).cuda(), groups=max(1, len(nz)))
+    kw |= grid or {}
     got = ek.grouped_gemm(x.cuda(), w.cuda(), offs.cuda(), rows, up=None if up is None else up.cuda(),
                           rowidx=None if rowidx is None else rowidx.cuda(), nt=nt, **kw)
     got = torch.cat((got[:P].flatten(), got[first:, :Ns].flatten())) if shared is not None else got[:P]

@@ -16,6 +16,11 @@ for i, (name, counts) in enumerate(COUNTS.items()):
                 got, ref, _ = grouped_case(counts, 512, N, gated, nt, seed=i, gather=gated, shared=shared)
                 err, bound = grouped_error(got, ref, gated)
                 assert err <= bound, (name, gated, nt, shared, err)
+    for gated, N in ((True, 48), (False, 64)):   # routed rows walking the active list
+        grid = dict(groups=len(counts), rows_routed=2)
+        got, ref, _ = grouped_case(counts, 512, N, gated, 1, seed=i, gather=True, shared=(N, 256, 11), grid=grid)
+        err, bound = grouped_error(got, ref, gated)
+        assert err <= bound, (name, gated, "rows_routed 2", err)
 g = torch.Generator(device="cuda").manual_seed(0)
 T, k, E = 13, 4, 6
 expert = torch.stack([torch.randperm(16, device="cuda", generator=g)[:k] for _ in range(T)])

@@ -7,6 +7,7 @@ the router kernel against float64 at odd token counts, with exact ties, in a gra
 permutation's invariants; five launches a layer; compute-sanitizer) and the fp8 path
 (``torch._scaled_grouped_mm``) at Kimi K2's EP8 shard shapes, and their graph capture.
 """
+import math
 import os
 import shutil
 import subprocess
@@ -300,6 +301,24 @@ def test_grouped_gemm_shared_group_against_float64(case, tokens, gated, nt, gath
     assert err <= bound, f"relative error {err:.3g} > {bound:.3g}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, groups", [(1, "nz"), (2, "nz"), (3, "all"), ("groups", "all")])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("case", ["mixed", "one_expert", "none"])
+def test_grouped_gemm_routed_rows_walk_the_active_list(case, gated, rows, groups):
+    """Fewer routed grid rows than experts with tokens (each block takes several in turn), more
+    (empty blocks), ``groups`` past the active ones (a -1 ends the walk), with the shared
+    expert's rows before them: the same float64 reference."""
+    nz = sum(1 for c in COUNTS[case] if c)
+    g = len(COUNTS[case]) if groups == "all" else max(1, nz)
+    grid = dict(groups=g, rows_routed=g if rows == "groups" else min(rows, g))
+    shared = (48, 768, 11) if gated else (64, 256, 11)
+    got, ref, _ = grouped_case(COUNTS[case], 768, 80 if gated else 96, gated, 1, seed=7, gather=True,
+                               shared=shared, grid=grid)
+    err, bound = grouped_error(got, ref, gated)
+    assert err <= bound, f"relative error {err:.3g} > {bound:.3g}"
+
+
 def _router_case(T, D, E, k, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, D, generator=g).to(torch.bfloat16)
@@ -488,6 +507,11 @@ def test_grouped_gemm_rejects_bad_grid_rows():
         ek.grouped_gemm(x, w, offs, 4, active=active.long(), groups=2)
     with pytest.raises(ValueError, match="groups: expected 3 .* without active"):
         ek.grouped_gemm(x, w, offs, 4, groups=2)
+    for bad in (0, 3, True):
+        with pytest.raises(ValueError, match=r"rows_routed: expected an int in 1..2 \(groups\)"):
+            ek.grouped_gemm(x, w, offs, 4, active=active, groups=2, rows_routed=bad)
+    with pytest.raises(ValueError, match="rows_routed: expected 3 .* without active"):
+        ek.grouped_gemm(x, w, offs, 4, rows_routed=1)
 
 
 def test_kernel_entry_points_reject_bad_input():
@@ -509,8 +533,11 @@ def test_kernel_entry_points_reject_bad_input():
     assert ek.gate_up_shape(ek.GATE_UP_SMALL_T + 1, 7168) is None   # more tokens: SHAPES
     assert ek.gate_up_shape(1, 64 * small[0] + 256) is None          # K not in whole steps of its warps
     gu, down = ek.layer_gemm_options(1, 8, 384, 48, 7168)          # one token: one expert and the shared one
-    assert down == {"nt": 1, "shared_first": 8, "groups": 8}
+    assert down == {"nt": 1, "shared_first": 8, "groups": 8, "rows_routed": 1}
     assert gu == down | {"shape": small}
     gu, down = ek.layer_gemm_options(65, 8, 384, 48, 7168)         # more slots than local experts
-    assert down == {"nt": 1, "shared_first": 520, "groups": 48} and gu == down | {"shape": None}
+    rows = math.ceil(expected_distinct(65, 8, 384, 48))              # 35.6 on average: 36 rows
+    assert down == {"nt": 1, "shared_first": 520, "groups": 48, "rows_routed": rows}
+    assert gu == down | {"shape": None} and rows == 36
+    assert ek.layer_gemm_options(10 ** 4, 8, 384, 48, 7168)[1]["rows_routed"] == 48   # every local expert
     assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]

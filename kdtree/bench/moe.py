@@ -3,7 +3,7 @@
 A verify forward pushes T = batch x (budget + 1) tokens through every MoE layer. On one GPU of
 an expert-parallel deployment (``kimi_k2_ep8``: 48 of Kimi K2's 384 experts, top-8) a decode
 token touches about one local expert, but T tree tokens touch about
-``E_local (1 - (1 - k / E)^T)`` of them under uniform routing (``expected_distinct``): the
+``E_local (1 - (1 - k / E)^T)`` of them under uniform routing (``kdtree.experts.expected_distinct``): the
 expert weights streamed per layer grow up to E_local-fold, and at small batch the MoE is a
 memory-bound stream of expert weights. This module measures the engine's own MoE module
 (``kdtree.engine.model.MoE``: float32 router, permutation, grouped GEMMs, weighted combine,
@@ -38,25 +38,10 @@ from kdtree.bench.roofline import classify_point
 from kdtree.bench.timing import time_graph, time_host
 from kdtree.engine.config import ModelConfig, get_config
 from kdtree.engine.model import FP8, MoE, build_model, grouped_linear, quantize_rows
-from kdtree.experts import ROUTER_KERNEL, ROUTER_SLICES
+from kdtree.experts import ROUTER_KERNEL, ROUTER_SLICES, expected_distinct
 
 ROUTINGS = ("model", "uniform", "zipf")
 TOKENS = (1, 17, 65, 257, 1025)
-
-
-def expected_distinct(tokens: int, k: int, experts: int, local: int) -> float:
-    """Expected distinct local experts touched by ``tokens`` tokens under uniform top-k routing.
-
-    Each token picks a uniform random ``k``-subset of ``experts``, so a given expert escapes
-    one token with probability ``1 - k / experts`` and all of them with its ``tokens``-th power:
-    ``local * (1 - (1 - k / experts) ** tokens)``.
-    """
-    for name, v in (("tokens", tokens), ("k", k), ("experts", experts), ("local", local)):
-        if not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
-    if not 1 <= k <= experts or local > experts:
-        raise ValueError(f"k, local: expected 1 <= k <= experts and local <= experts, got {k}, {local}, {experts}")
-    return local * (1.0 - (1.0 - k / experts) ** tokens)
 
 
 def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, inter: int, shared_inter: int,

@@ -1,0 +1,63 @@
+"""The kimi_k2_ep8 bf16 MoE layer (its own router) timed from several source trees, alternating.
+
+    python scripts/moe_ab.py TREE TREE ... [-- T ...]      (GPU host; default T = 1 2 4 8 17 65)
+
+Each tree (a folder holding ``kdtree/`` and ``cuda/``, e.g. ``git archive <commit> kdtree cuda``
+unpacked) runs in its own process, twice, all trees in turn, then again: the layer built
+from the same seed, at each T the input of ``trace_moe.typical_input`` (its routing touches the
+typical number of local experts), the output checked against the float64 reference, then
+timed by CUDA-graph replay (median and p20-p80 of 20 replays of 3 calls). Prints one table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def child(Ts: list[int]) -> None:
+    import torch
+
+    from kdtree.bench.moe import _check, moe_layer
+    from kdtree.bench.timing import time_graph
+    from kdtree.engine.config import get_config
+    from trace_moe import typical_input
+
+    moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16)
+    out = {}
+    for T in Ts:
+        x, touched = typical_input(moe, T)
+        w, e = moe.route(x)
+        _check(moe, x[:5], w[:5], e[:5])
+        t = time_graph(lambda x=x: moe(x), reps=20, calls_per_graph=3)
+        out[T] = (touched, t.median_us, t.p20_us, t.p80_us)
+    print("RESULT " + json.dumps(out))
+
+
+def main() -> None:
+    if sys.argv[1] == "--child":
+        child([int(t) for t in sys.argv[2:]])
+        return
+    args = sys.argv[1:]
+    trees, Ts = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    Ts = Ts or ["1", "2", "4", "8", "17", "65"]
+    rows: dict[str, list] = {}
+    for _ in range(2):
+        for tree in trees:
+            env = os.environ | {"PYTHONPATH": str(Path(tree).resolve())}
+            res = subprocess.run([sys.executable, __file__, "--child", *Ts], env=env, capture_output=True, text=True)
+            line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
+            if res.returncode or not line:
+                sys.exit(f"{tree} failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+            rows.setdefault(tree, []).append(json.loads(line[0][7:]))
+    names = [Path(t).resolve().name for t in trees]
+    print(f"{'T':>5} {'experts':>7} " + " ".join(f"{n} #{r + 1}".rjust(22) for r in range(2) for n in names))
+    for T in Ts:
+        cells = [rows[t][r][T] for r in range(2) for t in trees]
+        print(f"{T:>5} {cells[0][0]:>7} " + " ".join(f"{c[1]:8.1f} [{c[2]:.1f}, {c[3]:.1f}]".rjust(22) for c in cells))
+
+
+if __name__ == "__main__":
+    main()
