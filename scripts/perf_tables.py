@@ -3,6 +3,7 @@
     python scripts/perf_tables.py verify-grid results/verify_table_h200/49e9c69
     python scripts/perf_tables.py moe results/moe/h200_05_0f96448
     python scripts/perf_tables.py ncu-kernels results/moe/t1_h200/ncu/ncu_moe_t1.csv
+    python scripts/perf_tables.py moe-ab results/moe/ab_h200/bf84d0f/ab.log
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -16,6 +17,9 @@ breakdown, the step model's validation and its best budgets per prefix.
 ncu-kernels: one row per profiled launch of an Nsight Compute ``--csv`` export taken with
 ``--metrics`` (one row per launch and metric): its time, DRAM bytes read, DRAM throughput, the
 share of its cycles the SMs were active, and its grid, for the metrics the export holds.
+
+moe-ab: ``scripts/moe_ab.py``'s output: per T the medians of both passes of each tree, and each
+tree's mean over the two against the first tree's.
 """
 from __future__ import annotations
 
@@ -127,8 +131,26 @@ def ncu_kernels(csv: str) -> str:
     return f"From `{csv}`:\n\n" + "\n".join(rows)
 
 
+def moe_ab(log: str) -> str:
+    lines = Path(log).read_text().splitlines()
+    head = lines[0].split()
+    trees = [head[2 + 2 * i] for i in range(len(head[2:]) // 4)]   # "name #1" per cell, both passes
+    cols = ["T", "experts touched"] + [f"{t} (us)" for t in trees] + [f"{t} / {trees[0]}" for t in trees[1:]]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for ln in lines[1:]:
+        tok = ln.split()
+        if not tok or not tok[0].isdigit():
+            continue
+        med = [float(tok[2 + 3 * i]) for i in range(2 * len(trees))]   # a cell is "median [p20, p80]"
+        passes = [(med[i], med[len(trees) + i]) for i in range(len(trees))]
+        mean = [(a + b) / 2 for a, b in passes]
+        rows.append("| " + " | ".join([tok[0], tok[1]] + [f"{a:.1f} / {b:.1f}" for a, b in passes]
+                                      + [f"{m / mean[0]:.3f}" for m in mean[1:]]) + " |")
+    return f"From `{log}` (median of each pass, first / second):\n\n" + "\n".join(rows)
+
+
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels}
+    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "moe-ab": moe_ab}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
