@@ -25,14 +25,14 @@
 //
 // Finalisation by the last blocks. Each block, its partials written, takes a ticket from
 // ``sync[0]``. The blocks with the last F = min(ceil(T / ROUTER_TF), blocks, ROUTER_FMAX)
-// tickets wait until every block has its ticket (the last ticket's holder at once; the others
-// spin on ``sync[0]``: all but at most F - 1
-// blocks have finished by then and the rest are running or will start in the slots the
-// finished ones left, so the wait ends as long as the device holds more than ROUTER_FMAX blocks
-// at once), then each takes groups of ROUTER_TF tokens: sums the ROUTER_S partials of each
-// score in slice order, applies the sigmoid, and picks each token's top ROUTER_K over the E
-// scores (one warp per token: keys are the scores' bits + 1, a warp max by redux.sync, the lowest
-// id among the lanes holding it by a second redux: score descending, then expert id ascending).
+// tickets wait until every block has its ticket (the last ticket's holder knows at once; the
+// others spin on ``sync[0]``: all but at most F - 1 blocks have finished by then and the rest
+// are running or will start in the slots the finished ones left, so the wait ends as long as
+// the device holds more than ROUTER_FMAX blocks at once), then each takes groups of ROUTER_TF
+// tokens: sums the ROUTER_S partials of each score in slice order, applies the sigmoid, and
+// picks each token's top ROUTER_K over the E scores (one warp per token: keys are the scores'
+// bits + 1, a warp max by redux.sync, the lowest id among the lanes holding it by a second
+// redux: score descending, then expert id ascending).
 // The last finaliser out (counted on ``sync[1]``; with F = 1 the one finaliser, uncounted) puts
 // ``sync`` back to zero for the next launch. With MOE_TRACE (cuda/moe_trace.cuh) the blocks
 // also stamp their ticket and a finaliser its steps.

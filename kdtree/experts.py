@@ -349,8 +349,9 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
     shared_first : int
         The extra group's first position (the routed groups end at or before it).
     active : int32 [E], optional
-        ``permute``'s experts with tokens (ascending, then -1): the grid gets one row of blocks
-        per entry of its first ``groups``, not one per expert. Without it, row e is expert e.
+        ``permute``'s experts with tokens (ascending, then -1): the routed blocks take its first
+        ``groups`` entries (``rows_routed``), not one grid row per expert. Without it, row e is
+        expert e.
     groups : int, optional
         Entries of ``active`` the routed blocks may take, 1 .. E (default E): at least the
         number of experts with tokens (``min(E, T k)`` always is).
