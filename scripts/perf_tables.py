@@ -4,6 +4,7 @@
     python scripts/perf_tables.py moe results/moe/h200_05_0f96448
     python scripts/perf_tables.py ncu-kernels results/moe/t1_h200/ncu/ncu_moe_t1.csv
     python scripts/perf_tables.py moe-ab results/moe/ab_h200/bf84d0f/ab.log
+    python scripts/perf_tables.py moe-trace results/moe/trace_h200/bf84d0f/trace_moe_T1.npz
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -20,6 +21,12 @@ share of its cycles the SMs were active, and its grid, for the metrics the expor
 
 moe-ab: ``scripts/moe_ab.py``'s output: per T the medians of both passes of each tree, and each
 tree's mean over the two against the first tree's.
+
+moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py``'s records
+(``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
+blocks but its last, its last block (the finaliser), the permutation, each grouped GEMM's working
+routed blocks (from their median wait's return to the last one's end) and all its blocks, the
+combine.
 """
 from __future__ import annotations
 
@@ -149,8 +156,39 @@ def moe_ab(log: str) -> str:
     return f"From `{log}` (median of each pass, first / second):\n\n" + "\n".join(rows)
 
 
+def moe_trace(npz: str) -> str:
+    import numpy as np
+
+    from kdtree.experts import chunk_tiles
+
+    d = np.load(npz)
+    T = int(Path(npz).stem.rsplit("T", 1)[1])
+    chunks = -(-T // (8 * chunk_tiles(T, 8, 384)))          # the shared expert's grid rows (Kimi K2: top 8 of 384)
+    t0 = int(d["router_mma"][:, 1].min())
+
+    def us(v) -> float:
+        return (int(v) - t0) / 1e3
+
+    r = d["router_mma"]
+    ends = np.sort(r[:, 2])
+    rows = [("router: every block but the last", us(r[:, 1].min()), us(ends[-2])),
+            ("router: its last block (top k)", us(ends[-2]), us(ends[-1])),
+            ("permutation", us(d["permute"][0, 1]), us(d["permute"][0, 2]))]
+    for g in ("gate_up", "down"):
+        b = d[g]
+        work = b[((b[:, 2] - b[:, 0]) > 500) & ((b[:, 5] >> 16).astype(np.int64) >= chunks)]
+        rows += [(f"{g}: routed blocks", us(np.median(work[:, 1])), us(work[:, 2].max())),
+                 (f"{g}: every block ({len(b)})", us(b[:, 0].min()), us(b[:, 2].max()))]
+    c = d["combine"]
+    rows.append(("combine", us(c[:, 1].min()), us(c[:, 2].max())))
+    out = ["| phase | from (us) | to (us) | span (us) |", "|---|---|---|---|"]
+    out += [f"| {n} | {a:.2f} | {b:.2f} | {b - a:.2f} |" for n, a, b in rows]
+    return f"From `{npz}` (T = {T}; us from the router's first wait returning):\n\n" + "\n".join(out)
+
+
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "moe-ab": moe_ab}
+    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "moe-ab": moe_ab,
+             "moe-trace": moe_trace}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
