@@ -26,7 +26,7 @@ moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py`
 (``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
 blocks but its last, its last block (the finaliser), the permutation, each grouped GEMM's working
 routed blocks (from their median wait's return to the last one's end) and all its blocks, the
-combine.
+combine; for a ``HANDOFF=1`` trace first the gap from the previous call's combine.
 """
 from __future__ import annotations
 
@@ -181,6 +181,9 @@ def moe_trace(npz: str) -> str:
                  (f"{g}: every block ({len(b)})", us(b[:, 0].min()), us(b[:, 2].max()))]
     c = d["combine"]
     rows.append(("combine", us(c[:, 1].min()), us(c[:, 2].max())))
+    if "prev_combine" in d.files:   # a HANDOFF=1 trace: the call before this one
+        rows.insert(0, ("previous call's combine end -> router blocks' first start",
+                        us(d["prev_combine"][:, 2].max()), us(r[:, 0].min())))
     out = ["| phase | from (us) | to (us) | span (us) |", "|---|---|---|---|"]
     out += [f"| {n} | {a:.2f} | {b:.2f} | {b - a:.2f} |" for n, a, b in rows]
     return f"From `{npz}` (T = {T}; us from the router's first wait returning):\n\n" + "\n".join(out)

@@ -3,21 +3,28 @@
 Builds the layer's kernels with ``-DMOE_TRACE`` (``cuda/moe_trace.cuh``: thread 0 of every block
 records its start, the return of its wait for the kernel before, and its end, in globaltimer
 nanoseconds, plus its SM), times the kimi_k2_ep8 bf16 layer (its own router) by CUDA-graph
-replay with the plain and the traced build, then replays a graph of a few layer calls once
-with the records zeroed and reads back the last call's records (the steady state: each kernel
-of that call follows the one before it in the stream, under programmatic dependent launch).
+replay with the plain and the traced build, then replays a graph of three layer calls once
+with the records zeroed and reads back the last call's records: the steady state (each kernel
+follows the one before it in the stream, under programmatic dependent launch). ``HANDOFF=1``
+builds two banks instead (``MOE_TRACE_BANKS``) and reads the first two calls, to see the second
+call's router follow the first call's combine; the bank look-up delays every block's start, so
+that timeline runs slower than the plain layer (the script prints both times).
 
 Prints per T a table of each launch's blocks (the gate/up and down GEMMs split into the
 shared expert's rows, the routed rows and the empty blocks, which exit at once): start,
 wait returned and end, earliest / median / latest, in microseconds from the router's first
-wait returning, and the blocks' median busy time. The input x of each T is the first of a seeded
-series whose own routing touches ``expected_distinct`` local experts (rounded, at least one). Saves the raw records in OUT.
+wait returning, and the blocks' median busy time, then the router finaliser's steps and the
+hand-off from the first call's combine (``HANDOFF=1``). The input x of each T is the first of a
+seeded series whose own routing touches ``expected_distinct`` local experts (rounded, at least
+one). Saves the raw records in OUT (``trace_moe_T<T>.npz``: one array per launch, and with
+``HANDOFF=1`` the first call's under ``prev_<launch>``).
 
     PYTHONPATH=. python scripts/trace_moe.py OUT [T ...]
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -31,9 +38,10 @@ from kdtree.bench.timing import time_graph
 from kdtree.engine.config import get_config
 
 WORDS = 10         # MOE_TRACE_WORDS
+BANKS = 2 if os.environ.get("HANDOFF") == "1" else 1   # MOE_TRACE_BANKS
 MARKS = 4          # MOE_TRACE_MARKS
 SLOTS = 16384      # MOE_TRACE_SLOTS
-TRACE = (("MOE_TRACE", 1),)
+TRACE = (("MOE_TRACE", 1),) + ((("MOE_TRACE_BANKS", BANKS),) if BANKS > 1 else ())
 _plain = ek._kernel
 _used: list[tuple[str, str, tuple]] = []   # (src, kernel, defines) of every traced look-up
 
@@ -73,7 +81,7 @@ def buffer(src: str, defines: tuple):
     import cupy
 
     ptr = module(src, defines).get_global("moe_trace")
-    return cupy.ndarray((SLOTS, WORDS), dtype=cupy.uint64, memptr=ptr)
+    return cupy.ndarray((BANKS, SLOTS, WORDS), dtype=cupy.uint64, memptr=ptr)
 
 
 def launches() -> list[tuple[str, str, tuple]]:
@@ -133,6 +141,18 @@ def finaliser_steps(r: np.ndarray) -> str:
             f"scores summed {us(f[8]):.2f}, top k written {us(f[9]):.2f}, finaliser ends {us(f[2]):.2f} us")
 
 
+def handoff(prev_combine: np.ndarray, router: np.ndarray) -> str:
+    """From the previous call's combine to this call's router, in us from the router's first wait."""
+    t0 = int(router[:, 1].min())
+
+    def us(v) -> float:
+        return (int(v) - t0) / 1e3
+
+    return (f"hand-off: the previous call's combine waited {us(prev_combine[:, 1].min()):.2f} and ended "
+            f"{us(prev_combine[:, 2].max()):.2f}; this call's router blocks started {us(router[:, 0].min()):.2f} "
+            f"to {us(router[:, 0].max()):.2f}, their wait returned at 0")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -165,20 +185,24 @@ def main() -> None:
             buffer(src, d).fill(0)
         graph.replay()
         torch.cuda.synchronize()
-        recs, chunks = {}, {}
-        for src, name, d in launches():
+        recs, prev, chunks = {}, {}, {}
+        for src, name, d in launches():   # one bank: the last call; two: the graph's first and second
             r = buffer(src, d).get()
-            recs[label(name, d)] = r[r[:, 0] > 0]
+            recs[label(name, d)] = r[-1][r[-1][:, 0] > 0]
+            if BANKS > 1:
+                prev[label(name, d)] = r[0][r[0][:, 0] > 0]
         gate_up, down = ek.layer_gemm_options(T, moe.k, moe.n_routed, moe.w1.shape[0], moe.w1.shape[2])
         for g, opts in (("gate_up", gate_up), ("down", down)):
             chunks[g] = -(-T // (8 * opts["nt"]))
-        np.savez(out / f"trace_moe_T{T}.npz", **recs)
+        np.savez(out / f"trace_moe_T{T}.npz", **recs, **{f"prev_{k}": v for k, v in prev.items()})
         use_trace(False)
         print(f"\nT = {T}, {want} local experts touched: layer {'/'.join(f'{v:.1f}' for v in times['plain'])} us plain, "
               f"{'/'.join(f'{v:.1f}' for v in times['traced'])} us traced (graph replay, medians); "
               f"times in us from the router's first wait returning")
         print(pd.DataFrame(summarize(recs, chunks)).round(2).to_string(index=False))
         print(finaliser_steps(recs["router_mma"]), flush=True)
+        if BANKS > 1:
+            print(handoff(prev["combine"], recs["router_mma"]), flush=True)
 
 
 if __name__ == "__main__":
