@@ -39,7 +39,6 @@ from kdtree.engine.config import get_config
 
 WORDS = 10         # MOE_TRACE_WORDS
 BANKS = 2 if os.environ.get("HANDOFF") == "1" else 1   # MOE_TRACE_BANKS
-MARKS = 4          # MOE_TRACE_MARKS
 SLOTS = 16384      # MOE_TRACE_SLOTS
 TRACE = (("MOE_TRACE", 1),) + ((("MOE_TRACE_BANKS", BANKS),) if BANKS > 1 else ())
 _plain = ek._kernel
