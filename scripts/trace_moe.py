@@ -125,13 +125,15 @@ def summarize(recs: dict[str, np.ndarray], chunks: dict[str, int]) -> list[dict]
     return rows
 
 
+def _from_router(router: np.ndarray):
+    """ns -> us from the router's first wait returning (the tables' origin)."""
+    t0 = int(router[:, 1].min())
+    return lambda v: (int(v) - t0) / 1e3
+
+
 def finaliser_steps(r: np.ndarray) -> str:
     """The router's tail: its last ticket, then its (first) finaliser's marks and end, in us."""
-    t0 = int(r[:, 1].min())
-
-    def us(v) -> float:
-        return (int(v) - t0) / 1e3
-
+    us = _from_router(r)
     fin = r[r[:, 7] > 0]
     if not len(fin):
         return "router: no finaliser marks"
@@ -142,11 +144,7 @@ def finaliser_steps(r: np.ndarray) -> str:
 
 def handoff(prev_combine: np.ndarray, router: np.ndarray) -> str:
     """From the previous call's combine to this call's router, in us from the router's first wait."""
-    t0 = int(router[:, 1].min())
-
-    def us(v) -> float:
-        return (int(v) - t0) / 1e3
-
+    us = _from_router(router)
     return (f"hand-off: the previous call's combine waited {us(prev_combine[:, 1].min()):.2f} and ended "
             f"{us(prev_combine[:, 2].max()):.2f}; this call's router blocks started {us(router[:, 0].min()):.2f} "
             f"to {us(router[:, 0].max()):.2f}, their wait returned at 0")
