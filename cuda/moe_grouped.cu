@@ -5,12 +5,9 @@
 // with a narrow token dimension. These kernels read every touched expert's weights once, with
 // many bytes in flight, and put the tokens on the mma's narrow side:
 //
-// * moe_permute (one block): counts the (token, slot) pairs per local expert, scans them into
-//   the group ends ``offs``, and writes for every local slot its position in expert order
-//   (``pos``, -1 for other ranks' slots), per position the token it comes from (``rowidx``),
-//   and the experts that have tokens, in ascending order (``active``, -1 past the last). The
-//   order inside an expert follows shared-memory atomics, so it may change from run to run; nothing downstream depends on it (each token's rows are computed alone
-//   and the combine sums a token's slots in slot order).
+// * moe_permute (one block): groups the (token, slot) pairs by local expert (cuda/moe_permute.cuh:
+//   group ends ``offs``, each slot's position ``pos``, each position's token ``rowidx``, the
+//   experts with tokens ``active``). At few tokens the router's finaliser does this itself.
 // * moe_grouped_gemm: out[p, n] = sum_k x[row(p), k] w[e, n, k] for the positions p of expert e.
 //   Block (row tile, grid row): the shared expert's chunks, then routed rows that walk the list
 //   of experts with tokens (``active``), so that no block is spent on the experts a step leaves
@@ -44,6 +41,7 @@
 // shared-expert blocks (``early``) stream their weights and x while the router runs and wait
 // only before they store; the routed blocks wait for the permutation.
 
+#include "moe_permute.cuh"
 #include "moe_trace.cuh"
 #include "pdl.cuh"
 
@@ -65,7 +63,6 @@
 #ifndef MOE_TOPK
 #define MOE_TOPK 8
 #endif
-#define MOE_MAX_EXPERTS 1024
 
 typedef unsigned short moe_bf16;
 typedef unsigned int moe_u32;
@@ -119,57 +116,11 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
                                                                int* __restrict__ active) {
   __shared__ int start[MOE_MAX_EXPERTS];
   __shared__ int total;
-  const int tid = threadIdx.x, lane = tid & 31;
   MoeTrace trace;
   pdl_launch_dependents();  // nothing before the wait: the gate/up GEMM may start now
   pdl_wait();
   trace.waited();
-  for (int i = tid; i < experts; i += blockDim.x) start[i] = 0;
-  __syncthreads();
-  // Each slot's rank inside its expert (-1: another rank's); the thread's first slot keeps its
-  // expert and rank in registers (the last pass then reads nothing back for it: up to 128
-  // tokens of top-8 that is every slot), later ones park the rank in pos.
-  int e0 = -1, r0 = -1;
-  for (int i = tid; i < slots; i += blockDim.x) {
-    const long long e = expert[i];
-    const int r = (e >= 0 && e < experts) ? atomicAdd(&start[e], 1) : -1;
-    if (i == tid) {
-      e0 = (int)e;
-      r0 = r;
-    } else {
-      pos[i] = r;
-    }
-  }
-  __syncthreads();
-  if (tid < 32) {  // counts -> exclusive starts, inclusive ends; the experts with tokens, in order
-    int carry = 0, used = 0;
-    for (int base = 0; base < experts; base += 32) {
-      const int v = base + lane < experts ? start[base + lane] : 0;
-      const unsigned nz = __ballot_sync(0xffffffffu, v > 0);
-      if (v > 0) active[used + __popc(nz & ((1u << lane) - 1))] = base + lane;
-      used += __popc(nz);
-      int incl = v;
-      for (int d = 1; d < 32; d <<= 1) {
-        const int o = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += o;
-      }
-      if (base + lane < experts) {
-        start[base + lane] = carry + incl - v;
-        offs[base + lane] = carry + incl;
-      }
-      carry += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) total = carry;
-    for (int i = used + lane; i < experts; i += 32) active[i] = -1;
-  }
-  __syncthreads();
-  for (int i = tid; i < slots; i += blockDim.x) {
-    const int r = i == tid ? r0 : pos[i];
-    const int p = r >= 0 ? start[i == tid ? e0 : (int)expert[i]] + r : -1;
-    pos[i] = p;
-    if (p >= 0) rowidx[p] = i / k;
-  }
-  for (int p = total + tid; p < slots; p += blockDim.x) rowidx[p] = 0;  // a valid row for gathers past the end
+  moe_permute_block([&](int i) { return expert[i]; }, slots, k, experts, start, &total, offs, rowidx, pos, active);
 }
 
 // x [rows, MOE_K] bf16; rowidx [positions] (row of x for each position) or null (position = row);

@@ -34,7 +34,10 @@
 // bits + 1, a warp max by redux.sync, the lowest id among the lanes holding it by a second
 // redux: score descending, then expert id ascending).
 // The last finaliser out (counted on ``sync[1]``; with F = 1 the one finaliser, uncounted) puts
-// ``sync`` back to zero for the next launch. With MOE_TRACE (cuda/moe_trace.cuh) the blocks
+// ``sync`` back to zero for the next launch. With ``offs`` given (T <= ROUTER_TF, so F = 1) the
+// one finaliser also groups the slots it chose by local expert (cuda/moe_permute.cuh), which
+// spares the layer the permutation's launch and its wait: at one token on an H200 the
+// permutation's kernel ended 2 us after the router. With MOE_TRACE (cuda/moe_trace.cuh) the blocks
 // also stamp their ticket and a finaliser its steps.
 //
 // Compile-time options (-D): ROUTER_D (hidden width, a multiple of 16 ROUTER_S ROUTER_KW),
@@ -42,6 +45,7 @@
 // ROUTER_MT (m-tiles per block), ROUTER_NT (n-tiles per pass, 1..8), ROUTER_S (K slices).
 // Launched with programmatic dependent launch (cuda/pdl.cuh). No system headers: compiles under NVRTC and nvcc.
 
+#include "moe_permute.cuh"
 #include "moe_trace.cuh"
 #include "pdl.cuh"
 
@@ -129,12 +133,20 @@ __device__ __forceinline__ unsigned router_redux_min(unsigned v) {
 
 // x [T, ROUTER_D] bf16; gate [ROUTER_E, ROUTER_D] float32; part [ROUTER_S, T, ROUTER_E] float32
 // scratch; sync [2] unsigned, zero before the launch and left zero after it; weight [T, ROUTER_K]
-// float32 and expert [T, ROUTER_K] int64 out. grid (ROUTER_S * ROUTER_NE), block ROUTER_THREADS.
+// float32 and expert [T, ROUTER_K] int64 out; offs, rowidx, pos, active: moe_permute_block's outputs
+// over experts 0 .. n_local - 1, or null (T <= ROUTER_TF only). grid (ROUTER_S * ROUTER_NE), block
+// ROUTER_THREADS.
 extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
     moe_router_mma(const router_bf16* __restrict__ x, const float* __restrict__ gate, float* __restrict__ part,
                    unsigned* __restrict__ sync, float* __restrict__ weight, long long* __restrict__ expert, int T,
-                   float scale) {
-  __shared__ float red[ROUTER_KW - 1][ROUTER_MT][4 * ROUTER_NT][32];
+                   float scale, int n_local, int* __restrict__ offs, int* __restrict__ rowidx, int* __restrict__ pos,
+                   int* __restrict__ active) {
+  __shared__ union {
+    float red[ROUTER_KW - 1][ROUTER_MT][4 * ROUTER_NT][32];  // the K-run warps' sums (main loop)
+    int start[MOE_MAX_EXPERTS];                              // the permutation's (finaliser)
+  } u;
+  __shared__ int top_id[ROUTER_TF][ROUTER_K];
+  __shared__ int total;
   __shared__ float sc[ROUTER_TF][ROUTER_E];
   __shared__ unsigned ticket;
   MoeTrace trace;
@@ -183,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
 #pragma unroll
       for (int n = 0; n < ROUTER_NT; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[kw - 1][mt][n * 4 + i][lane] = acc[n][i];
+        for (int i = 0; i < 4; ++i) u.red[kw - 1][mt][n * 4 + i][lane] = acc[n][i];
     }
     __syncthreads();
     if (kw == 0) {
@@ -193,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
         for (int i = 0; i < 4; ++i) {
           float v = acc[n][i];
 #pragma unroll
-          for (int w = 0; w < ROUTER_KW - 1; ++w) v += red[w][mt][n * 4 + i][lane];
+          for (int w = 0; w < ROUTER_KW - 1; ++w) v += u.red[w][mt][n * 4 + i][lane];
           // c0, c1: expert e0 + g, tokens 2q, 2q + 1 of the n-tile; c2, c3: expert e0 + g + 8
           const int t = p0 + n * 8 + 2 * q + (i & 1), e = e0 + g + 8 * (i >> 1);
           if (t < T) part[((long long)s * T + t) * ROUTER_E + e] = v;
@@ -267,11 +279,15 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
         if (lane == r) {
           weight[(long long)t * ROUTER_K + r] = val[r] / sum * scale;
           expert[(long long)t * ROUTER_K + r] = idx[r];
+          top_id[warp][r] = idx[r];
         }
     }
     __syncthreads();
     trace.mark(3);  // top k written
   }
+  if (offs != nullptr && F == 1)  // T <= ROUTER_TF: the tokens' slots are all in top_id
+    moe_permute_block([&](int i) { return (long long)top_id[i / ROUTER_K][i % ROUTER_K]; }, T * ROUTER_K, ROUTER_K,
+                      n_local, u.start, &total, offs, rowidx, pos, active);
   if (tid == 0 && (F == 1 || atomicAdd(&sync[1], 1u) == (unsigned)F - 1)) {  // the last finaliser out
     sync[0] = 0u;
     sync[1] = 0u;

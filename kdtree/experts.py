@@ -47,6 +47,7 @@ ROUTER_MAX_TOKENS = 128
 # router's 25.3 / 39.8 / 51.6 / 55.4 (T > 128 not measured with "mma": the cap above stays).
 ROUTER_KERNEL = "mma"
 ROUTER_SLICES = 16       # the mma router's K slices (blocks per expert tile)
+ROUTER_FUSED_PERMUTE = 4  # up to this many tokens the mma router's one finaliser also permutes (ROUTER_TF)
 # (warps splitting K, cp.async ring depth) per token tiles nt, the best of scripts/moe_dev.py's
 # sweep on an H200 (kimi_k2_ep8 layer, own router, T = 1 .. 1025): deeper rings or eight warps
 # (one block per SM) were no faster anywhere.
@@ -227,8 +228,11 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
     expert : int64 [T, k]
         Global expert ids, best first.
     """
-    from kdtree.kernels import launch, ptr
+    return _route(x, gate, k, scale, *_route_args(x, gate, k, scale, shape, kernel))
 
+
+def _route_args(x, gate, k, scale, shape, kernel) -> tuple[tuple[int, int], str]:
+    """``route``'s argument checks; returns the fma shape and the kernel."""
     _check_bf16("x", x, 2)
     if not isinstance(gate, torch.Tensor) or not gate.is_cuda or gate.dtype != torch.float32 or gate.dim() != 2 \
             or not gate.is_contiguous():
@@ -253,6 +257,15 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
     eb, tile = router_shape(T) if shape is None else shape
     if eb not in (2, 4) or not isinstance(tile, int) or tile < 8 or tile % 8:
         raise ValueError(f"shape: expected (2 or 4, a positive multiple of 8), got {shape!r}")
+    return (eb, tile), kernel
+
+
+def _route(x, gate, k, scale, shape, kernel, perm=None):
+    """``route``'s launch on checked arguments; ``perm``: (n_local, offs, rowidx, pos, active) for
+    the mma router's finaliser to fill as ``permute`` does (T <= ``ROUTER_FUSED_PERMUTE``)."""
+    from kdtree.kernels import launch, ptr
+
+    (T, d), E = x.shape, gate.shape[0]
     weight = torch.empty(T, k, dtype=torch.float32, device=x.device)
     expert = torch.empty(T, k, dtype=torch.int64, device=x.device)
     if T == 0:
@@ -262,10 +275,13 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
         part = torch.empty(ROUTER_SLICES, T, E, dtype=torch.float32, device=x.device)
         fn = _kernel("moe_router_mma", _index(x.device), (("ROUTER_D", d), ("ROUTER_E", E), ("ROUTER_K", k),
                      ("ROUTER_MT", mt), ("ROUTER_NT", nt), ("ROUTER_S", ROUTER_SLICES)), "moe_router_mma")
+        n_local, *outs = perm if perm is not None else (0, None, None, None, None)
         launch(fn, (ROUTER_SLICES * E // (16 * mt),), (32 * 4 * mt,),
                (ptr(x), ptr(gate), ptr(part), ptr(_tile_counters(x.device, 2)), ptr(weight), ptr(expert),
-                np.int32(T), np.float32(scale)), device=x.device, pdl=True)
+                np.int32(T), np.float32(scale), np.int32(n_local),
+                *(np.uint64(0) if t is None else ptr(t) for t in outs)), device=x.device, pdl=True)
         return weight, expert
+    eb, tile = shape
     tiles = -(-T // tile)
     scores = torch.empty(T, E, dtype=torch.float32, device=x.device)
     done = _tile_counters(x.device, tiles)
@@ -275,6 +291,47 @@ def route(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float,
            (ptr(x), ptr(gate), ptr(scores), ptr(done), ptr(weight), ptr(expert), np.int32(T), np.int32(tile),
             np.float32(scale)), device=x.device)
     return weight, expert
+
+
+def _check_n_local(n_local) -> None:
+    if not isinstance(n_local, int) or isinstance(n_local, bool) or not 1 <= n_local <= 1024:
+        raise ValueError(f"n_local: expected an int in 1..1024, got {n_local!r}")
+
+
+def _permutation(slots: int, n_local: int, device) -> tuple[torch.Tensor, ...]:
+    """Empty (offs, rowidx, pos, active) for ``slots`` slots over ``n_local`` experts."""
+    return (torch.empty(n_local, dtype=torch.int32, device=device), torch.empty(slots, dtype=torch.int32, device=device),
+            torch.empty(slots, dtype=torch.int32, device=device), torch.empty(n_local, dtype=torch.int32, device=device))
+
+
+def router_permutes(tokens: int) -> bool:
+    """Whether ``route_permuted`` of ``tokens`` tokens is one launch (the default router is the
+    "mma" one and 1 <= tokens <= ``ROUTER_FUSED_PERMUTE``)."""
+    return ROUTER_KERNEL == "mma" and 1 <= tokens <= ROUTER_FUSED_PERMUTE
+
+
+def route_permuted(x: torch.Tensor, gate: torch.Tensor, k: int, scale: float, n_local: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """``route`` (default kernel), then ``permute`` of its choice over the local experts
+    ``0 .. n_local - 1``: where T <= ``ROUTER_FUSED_PERMUTE`` on the "mma" router, in one launch
+    (the router's one finaliser groups the slots it has chosen; at one token on an H200 the
+    permutation's own launch ended 2 us after the router), else in two.
+
+    Returns
+    -------
+    weight, expert
+        As ``route``.
+    permutation : (offs, rowidx, pos, active)
+        As ``permute`` (``routed_experts``' ``permutation``).
+    """
+    shape, kernel = _route_args(x, gate, k, scale, None, None)
+    _check_n_local(n_local)
+    if not router_permutes(x.shape[0]):
+        weight, expert = _route(x, gate, k, scale, shape, kernel)
+        return weight, expert, permute(expert, n_local)
+    perm = _permutation(x.shape[0] * k, n_local, x.device)
+    weight, expert = _route(x, gate, k, scale, shape, kernel, (n_local, *perm))
+    return weight, expert, perm
 
 
 def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -299,14 +356,10 @@ def permute(expert: torch.Tensor, n_local: int) -> tuple[torch.Tensor, torch.Ten
         raise TypeError(f"expert: expected an int64 CUDA tensor, got {getattr(expert, 'dtype', type(expert))}")
     if expert.dim() != 2:
         raise ValueError(f"expert: expected [T, k], got shape {tuple(expert.shape)}")
-    if not isinstance(n_local, int) or not 1 <= n_local <= 1024:
-        raise ValueError(f"n_local: expected an int in 1..1024, got {n_local!r}")
+    _check_n_local(n_local)
     expert = expert.contiguous()
     S, dev = expert.numel(), expert.device
-    offs = torch.empty(n_local, dtype=torch.int32, device=dev)
-    rowidx = torch.empty(S, dtype=torch.int32, device=dev)
-    pos = torch.empty(S, dtype=torch.int32, device=dev)
-    active = torch.empty(n_local, dtype=torch.int32, device=dev)
+    offs, rowidx, pos, active = _permutation(S, n_local, dev)
     fn = _kernel("moe_permute", _index(dev), ())
     launch(fn, (1,), (1024,), (ptr(expert), np.int32(S), np.int32(expert.shape[1]), np.int32(n_local),
                                ptr(offs), ptr(rowidx), ptr(pos), ptr(active)), device=dev, pdl=True)
@@ -474,7 +527,7 @@ def combine(ys: torch.Tensor, pos: torch.Tensor, weight: torch.Tensor, shared_fi
 
 def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
                    w2: torch.Tensor, shared: tuple | None = None, experts_total: int | None = None,
-                   x_ready: bool = False) -> torch.Tensor:
+                   x_ready: bool = False, permutation: tuple | None = None) -> torch.Tensor:
     """The weighted sum [T, dim] of each token's local experts (``MoE.experts``), plus the shared expert.
 
     Parameters
@@ -499,6 +552,9 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
         the router's: x comes before it): the shared expert's gate/up blocks then stream x and
         their weights while that kernel still runs (``grouped_gemm``'s ``x_ready``). False when
         the kernel just before may still be writing x.
+    permutation : (offs, rowidx, pos, active), optional
+        ``permute(expert, E)``'s result, already computed (``route_permuted``); default: this call
+        launches ``permute``.
     """
     _check_bf16("x", x, 2)
     for name, w in (("w1", w1), ("w3", w3), ("w2", w2)):
@@ -523,7 +579,7 @@ def routed_experts(x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor, 
                              f"{tuple(s3.shape)}, {tuple(s2.shape)}")
     T, k = expert.shape
     rows = T * k + (T if shared is not None else 0)
-    offs, rowidx, pos, active = permute(expert, E)
+    offs, rowidx, pos, active = permute(expert, E) if permutation is None else permutation
     gate_up, down = layer_gemm_options(T, k, experts_total or E, E, d)
     hid = grouped_gemm(x, w1, offs, rows, up=w3, rowidx=rowidx, shared=s1, shared_up=s3, active=active,
                        x_ready=x_ready, **gate_up)

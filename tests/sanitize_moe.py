@@ -35,5 +35,6 @@ for T in (1, 40, 130):      # both fma router shapes, partial token tiles; the m
     gr = torch.randn(64, 1024, device="cuda", generator=g) / 32                # finalisers looping (T > 128)
     ek.route(xr, gr, 6, 1.0, kernel="fma")
     ek.route(xr, gr, 6, 1.0, kernel="mma")
+    ek.route_permuted(xr[:3], gr, 6, 1.0, 16)   # the router's finaliser permuting (T <= 4)
 torch.cuda.synchronize()
 print("selfcheck ok")

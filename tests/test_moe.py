@@ -155,6 +155,10 @@ def test_moe_layer_cost_kernel_path_hand_counts():
     torch_path = moe_layer_cost(**kw)
     kern = moe_layer_cost(**kw, router_kernel=True, expert_kernels=True)
     assert kern.launches == 5 and torch_path.launches == 6 + 10 + 2 + 2 + 1 + 6 + 6
+    fused = moe_layer_cost(**kw, router_kernel=True, expert_kernels=True, router_permutes=True)
+    assert fused.launches == 4 and fused.bytes_min == kern.bytes_min and "group the slots" in fused.parts[0].kernel
+    with pytest.raises(ValueError, match="router_permutes"):
+        moe_layer_cost(**kw, router_kernel=True, router_permutes=True)
     assert kern.flops == torch_path.flops and kern.bytes_min == torch_path.bytes_min
     gate_up, down = kern.parts[2], kern.parts[3]
     assert gate_up.flops_exec == 2 * 2 * (3 * 2 + 3 * 2) * 4       # 3 local slots and 3 shared rows
@@ -425,14 +429,16 @@ def test_router_kernels_agree():
 
 @pytest.mark.gpu
 @torch.no_grad()
-def test_kernel_layer_is_five_launches():
-    """Router, permute, gate/up, down, combine: the whole bf16 layer, shared expert included."""
+@pytest.mark.parametrize("T, launches", [(1, 4), (4, 4), (5, 5), (17, 5)])
+def test_kernel_layer_launches(T, launches):
+    """Router, permute, gate/up, down, combine: the whole bf16 layer, shared expert included; up
+    to 4 tokens the router permutes too."""
     from kdtree.bench.moe import count_kernels
 
     moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16, seed=3)
-    x = torch.randn(17, moe.w1.shape[2], device="cuda").to(torch.bfloat16)
+    x = torch.randn(T, moe.w1.shape[2], device="cuda").to(torch.bfloat16)
     assert moe.use_kernels(x) and moe.use_router_kernel(x)
-    assert count_kernels(lambda: moe(x)) == 5
+    assert count_kernels(lambda: moe(x)) == launches
     assert not moe.use_router_kernel(torch.zeros(ek.ROUTER_MAX_TOKENS + 1, x.shape[1], device="cuda",
                                                  dtype=torch.bfloat16))   # cuBLAS's GEMM is faster there
 
@@ -444,7 +450,14 @@ def test_permute_invariants():
     expert = torch.stack([torch.randperm(E, device="cuda", generator=g)[:k] for _ in range(T)])
     expert[:5] = torch.arange(8, device="cuda")              # all-local tokens
     expert[5] = torch.arange(100, 108, device="cuda")        # nothing local
-    offs, rowidx, pos, active = ek.permute(expert, El)
+    _assert_permutation(expert, El, *ek.permute(expert, El))
+
+
+def _assert_permutation(expert, El, offs, rowidx, pos, active):
+    """``permute``'s outputs for expert [T, k] over El local experts: group ends, the experts with
+    tokens, every local slot at a position inside its group, each position's token, -1 for
+    other ranks' slots, row 0 past the last position."""
+    T, k = expert.shape
     flat = expert.flatten().cpu()
     local = flat < El
     counts = torch.bincount(flat[local], minlength=El)
@@ -461,12 +474,33 @@ def test_permute_invariants():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("D, E, k, El", [(7168, 384, 8, 48), (1024, 32, 3, 8), (1024, 96, 8, 96), (1024, 64, 6, 1)])
+def test_route_permuted_matches_route_then_permute(T, D, E, k, El):
+    """Up to 4 tokens the router's finaliser groups the slots itself: the same weights and ids
+    as ``route`` bit for bit, and ``permute``'s invariants (all experts local, one local expert,
+    Kimi K2's shard); from 5 tokens the permutation kernel runs after the router."""
+    x, gate = _router_case(T, D, E, k, seed=torch.seed() % 2**31)
+    x, gate = x.cuda(), gate.cuda()
+    w, e, perm = ek.route_permuted(x, gate, k, 2.5, El)
+    assert ek.router_permutes(T) == (T <= ek.ROUTER_FUSED_PERMUTE)
+    w0, e0 = ek.route(x, gate, k, 2.5)
+    assert torch.equal(w, w0) and torch.equal(e, e0)
+    _assert_permutation(e, El, *perm)
+    for bad in (0, 1025, True):
+        with pytest.raises(ValueError, match="n_local: expected an int in 1..1024"):
+            ek.route_permuted(x, gate, k, 2.5, bad)
+
+
+@pytest.mark.gpu
 @torch.no_grad()
-def test_kernel_path_matches_torch_path_and_captures():
+@pytest.mark.parametrize("T", [1, 4, 65])
+def test_kernel_path_matches_torch_path_and_captures(T):
     """The whole layer (router, kernels, shared expert added in the combine) against the torch
-    path on the same weights at the EP8 shard's shapes, eager and in a graph."""
+    path on the same weights at the EP8 shard's shapes, eager and in a graph; at 1 and 4 tokens
+    the router also groups the slots."""
     moe = moe_layer(get_config("kimi_k2_ep8"), "cuda", torch.bfloat16, seed=2)
-    x = torch.randn(65, moe.w1.shape[2], device="cuda").to(torch.bfloat16)
+    x = torch.randn(T, moe.w1.shape[2], device="cuda").to(torch.bfloat16)
     assert moe.use_kernels(x)
     got = moe(x)
     moe.backend = "torch"
@@ -523,6 +557,8 @@ def test_kernel_entry_points_reject_bad_input():
         ek.grouped_gemm(x, w, offs, 4)
     with pytest.raises(TypeError, match="expert: expected an int64 CUDA tensor"):
         ek.permute(torch.zeros(3, 2, dtype=torch.int64), 4)
+    with pytest.raises(TypeError, match="x: expected a bf16 CUDA tensor"):
+        ek.route_permuted(x, torch.zeros(32, 256), 2, 1.0, 4)
     with pytest.raises(ValueError, match="ys: expected contiguous float32"):
         ek.combine(torch.zeros(4, 6), torch.zeros(4, dtype=torch.int32), torch.zeros(2, 2))
     with pytest.raises(ValueError, match="shared_first"):

@@ -38,6 +38,7 @@ from kdtree.bench.roofline import classify_point
 from kdtree.bench.timing import time_graph, time_host
 from kdtree.engine.config import ModelConfig, get_config
 from kdtree.engine.model import FP8, MoE, build_model, grouped_linear, quantize_rows
+from kdtree import experts as ek
 from kdtree.experts import ROUTER_KERNEL, ROUTER_SLICES, expected_distinct
 
 ROUTINGS = ("model", "uniform", "zipf")
@@ -46,7 +47,7 @@ TOKENS = (1, 17, 65, 257, 1025)
 
 def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, inter: int, shared_inter: int,
                    experts: int, k: int, weight_bytes: int = 2, act_bytes: int = 2, router_kernel: bool = False,
-                   expert_kernels: bool = False) -> Cost:
+                   expert_kernels: bool = False, router_permutes: bool = False) -> Cost:
     """FLOPs and bytes of one MoE layer call on one GPU (router, routed experts, shared expert).
 
     Parameters
@@ -74,7 +75,10 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
         The experts run as ``kdtree.experts.routed_experts`` (bf16): a permutation kernel, the
         gate/up and the down grouped GEMM over the local slots and the shared expert's T rows
         (an extra group of each), and the combine, which reads each token's local rows and
-        shared row (float32) and writes the output. Else the torch path of ``MoE.experts``: the
+        shared row (float32) and writes the output.
+    router_permutes : bool
+        With both kernels: the router's one finaliser also groups the slots by expert
+        (``kdtree.experts.route_permuted`` at few tokens), so no permutation launch follows. Else the torch path of ``MoE.experts``: the
         static-shape permutation gathers, gates, weights, un-permutes and sums all T x k slots,
         local or not, and the shared expert runs as its own SwiGLU.
 
@@ -98,6 +102,8 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
         raise ValueError(f"weight_bytes: expected 1 (fp8), 2 (bf16) or 4 (float32), got {weight_bytes!r}")
     if expert_kernels and (weight_bytes != 2 or act_bytes != 2):
         raise ValueError("expert_kernels: the kernel path runs bf16 experts and activations only")
+    if router_permutes and not (router_kernel and expert_kernels):
+        raise ValueError("router_permutes: only with router_kernel and expert_kernels")
     fp8, b, T, R, Rl = weight_bytes == 1, act_bytes, tokens, tokens * k, local_slots
     scales = 4 * (2 * inter + dim) if fp8 else 0
     w13 = distinct * (2 * inter * dim * weight_bytes + 4 * 2 * inter * fp8)
@@ -111,16 +117,19 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
     gate_flops = 2 * T * experts * dim
     if router_kernel:   # the mma router's K slices each write a float32 T x E partial plane, summed in order
         planes = (ROUTER_SLICES if ROUTER_KERNEL == "mma" else 1) * T * experts * 4
-        parts = [launch("moe_router: float32 gate, sigmoid, top-k, renormalise", gate_flops,
-                        experts * dim * 4 + T * dim * b + planes, planes + R * 12, planes)]
+        perm = 2 * R * 4 if router_permutes else 0           # pos and rowidx, written by its finaliser
+        parts = [launch("moe_router: float32 gate, sigmoid, top-k, renormalise"
+                        + (", group the slots by expert" if router_permutes else ""), gate_flops,
+                        experts * dim * 4 + T * dim * b + planes, planes + R * 12 + perm, planes)]
     else:
         parts = [launch("router: float32 gate, sigmoid, top-k, renormalise", gate_flops,
                         experts * dim * 4 + T * dim * b, R * 12, count=6)]
     if expert_kernels:
         S = T if shared_inter else 0                          # the shared expert's rows
         xin, hin = (Rl + S) * dim * b, (Rl * inter + S * shared_inter) * b
-        parts += [launch("moe_permute: group ends, positions, tokens", 0, R * 8, 2 * R * 4, R * 8),
-                  launch("moe_grouped_gemm: gate and up (routed and shared), SiLU product",
+        if not router_permutes:
+            parts.append(launch("moe_permute: group ends, positions, tokens", 0, R * 8, 2 * R * 4, R * 8))
+        parts += [launch("moe_grouped_gemm: gate and up (routed and shared), SiLU product",
                          2 * 2 * (Rl * inter + S * shared_inter) * dim,
                          w13 + 2 * shared_inter * dim * b + xin + Rl * 4, hin, Rl * 4),
                   launch("moe_grouped_gemm: down (routed and shared), float32 out",
@@ -314,7 +323,6 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
         name = ("fp8" if use_fp8 else "bf16" + ("-torch" if backend == "torch" else "")) if cuda \
             else ("fp8-ref" if use_fp8 else "float32")
         E, El, k = cfg.n_routed_experts, cfg.n_local_experts, cfg.n_active_experts
-        kernels = None
         for routing in routings:
             for T in tokens:
                 x = torch.randn(T, cfg.dim, generator=gen).to(device, dtype)
@@ -333,14 +341,15 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
                     rows.append(row | {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
                     continue
 
-                def call(x=x, expert=expert, moe=moe):
+                def call(x=x, expert=expert, moe=moe, routing=routing):
+                    if routing == "model":
+                        return moe(x)     # the layer as the model runs it (at few tokens one launch routes and permutes)
                     w, _ = moe.route(x)                       # the router runs; its choice is replaced
                     return moe.experts(x, w, expert, shared=True, after_router=True)
 
                 t = (time_graph(call, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)
                      if cuda else time_host(call, reps=3 if quick else 10, warmup=1))
-                if kernels is None:
-                    kernels = count_kernels(call) if cuda else -1
+                kernels = count_kernels(call) if cuda else -1
                 order, _, offs = moe.permute(expert)
                 xs = x[order // k]
                 g = (time_graph(lambda xs=xs, offs=offs, moe=moe: moe.expert_mlp(xs, offs), reps=10 if quick else 30,
@@ -352,7 +361,9 @@ def run_moe_bench(preset: str = "kimi_k2_ep8", tokens=TOKENS, routings=ROUTINGS,
                                           dim=cfg.dim, inter=cfg.moe_inter_dim, shared_inter=cfg.shared_dim,
                                           experts=E, k=k, weight_bytes=1 if use_fp8 else bytes_per,
                                           act_bytes=bytes_per, router_kernel=moe.use_router_kernel(x),
-                                          expert_kernels=moe.use_kernels(x))
+                                          expert_kernels=moe.use_kernels(x),
+                                          router_permutes=(routing == "model" and moe.use_kernels(x)
+                                                           and moe.use_router_kernel(x) and ek.router_permutes(T)))
                     row |= classify_point(cost, ceilings, t.median_us, t.mode, t.l2, name, "moe_layer")
                     row["hbm_fraction"] = row["achieved_tbs"] * 1e12 / ceilings.hbm_bw
                     experts_bytes = cost.bytes_min - 2 * T * cfg.dim * bytes_per - E * cfg.dim * 4 \
@@ -390,8 +401,6 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
         gathered rows), gate_up (two grouped GEMMs), act (SiLU and product), down, combine
         (weights, mask, un-permute, slot sum, shared expert added), shared.
     """
-    from kdtree import experts as ek
-
     cuda = x.is_cuda
     timer = ((lambda fn: time_graph(fn, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)) if cuda
              else (lambda fn: time_host(fn, reps=3 if quick else 10, warmup=1)))

@@ -335,7 +335,7 @@ class MoE(nn.Module):
         return grouped_linear(h, self.w2, offs, s2)
 
     def experts(self, x: torch.Tensor, weight: torch.Tensor, expert: torch.Tensor,
-                shared: bool = False, after_router: bool = False) -> torch.Tensor:
+                shared: bool = False, after_router: bool = False, permutation: tuple | None = None) -> torch.Tensor:
         """The routed experts' weighted sum [T, dim] over the slots this GPU holds (expert id < E_local),
         plus the shared expert's output with ``shared`` (if the layer has one).
 
@@ -344,12 +344,15 @@ class MoE(nn.Module):
         path the shared expert runs inside the same grouped GEMMs (``routed_experts``);
         ``after_router``: the last kernel before this call was the router of this x (as in
         ``forward``), so the shared expert may start streaming while it runs (``x_ready``).
+        ``permutation``: the kernel path's grouping of ``expert`` by local expert, when the
+        router already made it (``kdtree.experts.route_permuted``).
         """
         shared = shared and self.shared is not None
         if self.use_kernels(x):
             sh = (self.shared.w1.weight, self.shared.w3.weight, self.shared.w2.weight) if shared else None
             return expert_kernels.routed_experts(x, weight, expert, self.w1, self.w3, self.w2, sh,
-                                                 experts_total=self.n_routed, x_ready=after_router)
+                                                 experts_total=self.n_routed, x_ready=after_router,
+                                                 permutation=permutation)
         T = x.shape[0]
         order, local, offs = self.permute(expert)
         ys = self.expert_mlp(x[order // self.k], offs) * weight.flatten()[order, None].to(x.dtype)
@@ -361,6 +364,10 @@ class MoE(nn.Module):
     def forward(self, x):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
+        if self.use_kernels(x) and self.use_router_kernel(x):   # the router may group the slots too
+            weight, expert, perm = expert_kernels.route_permuted(x, self.gate.weight, self.k, float(self.scale),
+                                                                 self.w1.shape[0])
+            return self.experts(x, weight, expert, shared=True, after_router=True, permutation=perm).view(shape)
         return self.experts(x, *self.route(x), shared=True, after_router=True).view(shape)
 
 
