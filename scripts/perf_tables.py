@@ -163,7 +163,6 @@ def moe_trace(npz: str) -> str:
 
     d = np.load(npz)
     T = int(Path(npz).stem.rsplit("T", 1)[1])
-    chunks = -(-T // (8 * chunk_tiles(T, 8, 384)))          # the shared expert's grid rows (Kimi K2: top 8 of 384)
     t0 = int(d["router_mma"][:, 1].min())
 
     def us(v) -> float:
@@ -171,11 +170,16 @@ def moe_trace(npz: str) -> str:
 
     r = d["router_mma"]
     ends = np.sort(r[:, 2])
+    fused = "permute" not in d.files                        # the router's finaliser permuted
     rows = [("router: every block but the last", us(r[:, 1].min()), us(ends[-2])),
-            ("router: its last block (top k)", us(ends[-2]), us(ends[-1])),
-            ("permutation", us(d["permute"][0, 1]), us(d["permute"][0, 2]))]
+            ("router: its last block (top k" + (", permutation)" if fused else ")"), us(ends[-2]), us(ends[-1]))]
+    if not fused:
+        rows.append(("permutation", us(d["permute"][0, 1]), us(d["permute"][0, 2])))
     for g in ("gate_up", "down"):
         b = d[g]
+        # the shared expert's grid rows: recorded from dbd2dec's traces on (with merged ones, 0),
+        # before that one chunk of 8 nt tokens each (Kimi K2: top 8 of 384)
+        chunks = int(d[f"chunks_{g}"]) if f"chunks_{g}" in d.files else -(-T // (8 * chunk_tiles(T, 8, 384)))
         work = b[((b[:, 2] - b[:, 0]) > 500) & ((b[:, 5] >> 16).astype(np.int64) >= chunks)]
         rows += [(f"{g}: routed blocks", us(np.median(work[:, 1])), us(work[:, 2].max())),
                  (f"{g}: every block ({len(b)})", us(b[:, 0].min()), us(b[:, 2].max()))]
