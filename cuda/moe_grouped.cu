@@ -139,39 +139,33 @@ extern "C" __global__ void __launch_bounds__(1024) moe_permute(const long long* 
 // in chunks of 8 * MOE_NT tokens, one per grid row. early != 0: the
 // shared rows' blocks read x and their weights before ``pdl_wait`` (only when x was complete
 // before the kernel launched just before this one, as the layer's gate/up GEMM after the
-// permutation); 0: every block waits first. merge != 0 (one chunk: shared_tokens <= 8 MOE_NT):
-// no grid row of the shared expert's own; the blocks of routed row 0 whose row tile it has take
-// its chunk first, then their routed items (a one-token layer's gate/up GEMM had 16 shared
-// blocks beside 128 routed ones, one per SM: 12 routed blocks waited for an SM).
+// permutation); 0: every block waits first.
 extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
     moe_grouped_gemm(const moe_bf16* __restrict__ x, const int* __restrict__ rowidx, const moe_bf16* __restrict__ w0,
                      const moe_bf16* __restrict__ w1, const int* __restrict__ offs, const int* __restrict__ active,
                      void* __restrict__ out, int n_out, const moe_bf16* __restrict__ s0,
                      const moe_bf16* __restrict__ s1, int n_shared, int k_shared, int shared_first,
-                     int shared_tokens, int early, int groups, int merge) {
+                     int shared_tokens, int early, int groups) {
   extern __shared__ uint4 ring[];  // [MOE_KSPLIT][MOE_STAGES][MOE_NSLOT][32]
-  const int chunks = merge ? 0 : (shared_tokens + 8 * MOE_NT - 1) / (8 * MOE_NT), rows = (int)gridDim.y - chunks;
-  const int y = blockIdx.y, r0 = blockIdx.x * MOE_ROWS;
-  const bool shared_row = y < chunks;  // the shared expert's rows first: they need no routing
-  const bool has_shared = shared_row || (merge && shared_tokens > 0 && y == 0 && r0 < n_shared);
-  const bool wait_late = has_shared && early;  // x was complete before the kernel before this one
+  const int chunks = (shared_tokens + 8 * MOE_NT - 1) / (8 * MOE_NT), rows = (int)gridDim.y - chunks;
+  const int y = blockIdx.y;
+  const bool sh = y < chunks;         // the shared expert's rows first: they need no routing
+  const bool wait_late = sh && early;  // x was complete before the kernel before this one
   MoeTrace trace;
   if (!wait_late) {
     pdl_wait();
     trace.waited();
   }
   pdl_launch_dependents();
-  if (shared_row && r0 >= n_shared) return;
+  const int r0 = blockIdx.x * MOE_ROWS;
+  if (sh && r0 >= n_shared) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const long long kofs = (long long)warp * 64 + q * 8;
-  // Item -1 is the block's shared chunk (row y's, or chunk 0 with merge), then routed row j takes
-  // the entries j, j + rows, ... of active (a shared row none).
-  for (int item = has_shared ? -1 : y - chunks; item < groups;
-       item = item >= 0 ? item + rows : (shared_row ? groups : y - chunks)) {
-    const bool sh = item < 0;
+  // A shared row has one item, its chunk; routed row j the entries j, j + rows, ... of active.
+  for (int item = sh ? 0 : y - chunks; item < (sh ? 1 : groups); item += sh ? 1 : rows) {
     int first, end, e = 0;
     if (sh) {
-      first = shared_first + (shared_row ? y : 0) * 8 * MOE_NT;
+      first = shared_first + y * 8 * MOE_NT;
       end = min(first + 8 * MOE_NT, shared_first + shared_tokens);
     } else {
       e = active ? active[item] : item;
@@ -255,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(32 * MOE_KSPLIT)
         }
       }
       asm volatile("cp.async.wait_group 0;\n" ::);
-      if (wait_late && sh) {  // the first store (and, merged, the routed items' reads) after the kernels before
+      if (wait_late) {  // the first store: the kernels before have completed
         pdl_wait();
         trace.waited();
       }

@@ -59,11 +59,6 @@ SHAPES = {1: (4, 4), 2: (4, 4), 4: (4, 3)}
 # at T = 2, and 111.6-111.8 against 106.6-107.1 at T = 4 and 213.2-213.4 against 208.6 at T = 8.
 GATE_UP_SMALL_T = 1
 GATE_UP_SMALL_SHAPE = (8, 3)
-# Up to these token counts the layer's gate/up and down GEMMs run the shared expert's one chunk
-# in the first routed grid row's blocks (``grouped_gemm``'s ``merge_shared``), not in blocks of
-# its own.
-MERGE_SHARED_GATE_UP_T = 8
-MERGE_SHARED_DOWN_T = 8
 _SRC = "moe_grouped"
 _COUNTERS: dict[int, torch.Tensor] = {}
 
@@ -119,17 +114,15 @@ def layer_gemm_options(tokens: int, k: int, experts_total: int, experts_local: i
     ``groups = min(experts_local, tokens k)`` (at most that many local experts have tokens), the
     routed grid rows ``rows_routed``: the local experts the tokens touch on average under uniform
     routing (``expected_distinct``, rounded up; each row walks the list of experts with tokens,
-    so more experts mean more work per block, fewer mean no empty blocks), ``merge_shared`` up
-    to ``MERGE_SHARED_GATE_UP_T`` / ``MERGE_SHARED_DOWN_T`` tokens (within one chunk), and for
-    gate/up its ``shape`` (``gate_up_shape``).
+    so more experts mean more work per block, fewer mean no empty blocks), and for gate/up its
+    ``shape`` (``gate_up_shape``).
     """
     groups = min(experts_local, tokens * k)
     # less a hair: at T = 1 the expectation is k E_local / E, 1.0 up to rounding
     rows = min(groups, max(1, math.ceil(expected_distinct(tokens, k, experts_total, experts_local) - 1e-6)))
-    nt = chunk_tiles(tokens, k, experts_total)
-    down = {"nt": nt, "shared_first": tokens * k, "groups": groups, "rows_routed": rows}
-    return (down | {"shape": gate_up_shape(tokens, dim), "merge_shared": tokens <= min(MERGE_SHARED_GATE_UP_T, 8 * nt)},
-            down | {"merge_shared": tokens <= min(MERGE_SHARED_DOWN_T, 8 * nt)})
+    down = {"nt": chunk_tiles(tokens, k, experts_total), "shared_first": tokens * k, "groups": groups,
+            "rows_routed": rows}
+    return down | {"shape": gate_up_shape(tokens, dim)}, down
 
 
 def smem_bytes(nt: int, ksplit: int, stages: int) -> int:
@@ -378,7 +371,7 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
                  shape: tuple[int, int] | None = None, shared: torch.Tensor | None = None,
                  shared_up: torch.Tensor | None = None, shared_first: int = 0,
                  active: torch.Tensor | None = None, groups: int | None = None, rows_routed: int | None = None,
-                 x_ready: bool = False, merge_shared: bool = False) -> torch.Tensor:
+                 x_ready: bool = False) -> torch.Tensor:
     """``out[p] = x[row(p)] @ w[e].T`` for the positions p of each expert e, as a weight stream.
 
     Parameters
@@ -424,10 +417,6 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         GEMM after ``permute``): the extra group's blocks stream x and their weights while that
         kernel still runs (programmatic dependent launch) and wait for it only before they
         store. False: every block waits first.
-    merge_shared : bool
-        The extra group's one chunk (its tokens at most 8 ``nt``) goes to the blocks of the
-        first routed grid row, before their routed items, instead of a grid row of its own (no
-        effect without ``shared``).
 
     Returns
     -------
@@ -490,23 +479,19 @@ def grouped_gemm(x: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, rows: int
         raise ValueError(f"rows_routed: expected {groups} (groups) without active, got {rows_routed}")
     if x.device != w.device or (shared is not None and shared.device != w.device):
         raise ValueError(f"x, shared: expected the device of w ({w.device}), got {x.device}")
-    chunks = -(-n_tok // (8 * nt))
-    if merge_shared and shared is not None and chunks != 1:
-        raise ValueError(f"merge_shared: expected the shared expert's tokens in one chunk (1..{8 * nt}), "
-                         f"got {n_tok}")
     out = torch.empty(rows, N, device=x.device, dtype=torch.bfloat16 if up is not None else torch.float32)
     if rows == 0:
         return out
     defines = (("MOE_GATED", int(up is not None)), ("MOE_K", K), ("MOE_KSPLIT", ksplit), ("MOE_NT", nt),
                ("MOE_STAGES", stages))
     fn = _kernel("moe_grouped_gemm", _index(x.device), defines)
+    chunks = -(-n_tok // (8 * nt))
     s0 = shared if shared is not None else w
-    merge_shared = bool(merge_shared and shared is not None)
-    launch(fn, (N // tile, (0 if merge_shared else chunks) + rows_routed), (32 * ksplit,),
+    launch(fn, (N // tile, chunks + rows_routed), (32 * ksplit,),
            (ptr(x), np.uint64(0) if rowidx is None else ptr(rowidx), ptr(w), ptr(w if up is None else up), ptr(offs),
             np.uint64(0) if active is None else ptr(active), ptr(out), np.int32(N), ptr(s0),
             ptr(s0 if shared_up is None else shared_up), np.int32(n_sh), np.int32(k_sh), np.int32(shared_first),
-            np.int32(n_tok), np.int32(bool(x_ready)), np.int32(groups), np.int32(merge_shared)),
+            np.int32(n_tok), np.int32(bool(x_ready)), np.int32(groups)),
            shared_mem=smem_bytes(nt, ksplit, stages), device=x.device, pdl=True)
     return out
 

@@ -177,7 +177,7 @@ def moe_trace(npz: str) -> str:
         rows.append(("permutation", us(d["permute"][0, 1]), us(d["permute"][0, 2])))
     for g in ("gate_up", "down"):
         b = d[g]
-        # the shared expert's grid rows: recorded from dbd2dec's traces on (with merged ones, 0),
+        # the shared expert's grid rows: recorded in the traces from ed04e7b on (its merged rows: 0),
         # before that one chunk of 8 nt tokens each (Kimi K2: top 8 of 384)
         chunks = int(d[f"chunks_{g}"]) if f"chunks_{g}" in d.files else -(-T // (8 * chunk_tiles(T, 8, 384)))
         work = b[((b[:, 2] - b[:, 0]) > 500) & ((b[:, 5] >> 16).astype(np.int64) >= chunks)]

@@ -190,7 +190,7 @@ def main() -> None:
                 prev[label(name, d)] = r[0][r[0][:, 0] > 0]
         gate_up, down = ek.layer_gemm_options(T, moe.k, moe.n_routed, moe.w1.shape[0], moe.w1.shape[2])
         for g, opts in (("gate_up", gate_up), ("down", down)):
-            chunks[g] = 0 if opts["merge_shared"] else -(-T // (8 * opts["nt"]))
+            chunks[g] = -(-T // (8 * opts["nt"]))
         np.savez(out / f"trace_moe_T{T}.npz", **recs, **{f"prev_{k}": v for k, v in prev.items()},
                  **{f"chunks_{k}": np.array(v) for k, v in chunks.items()})
         use_trace(False)

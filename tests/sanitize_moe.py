@@ -21,10 +21,6 @@ for i, (name, counts) in enumerate(COUNTS.items()):
         got, ref, _ = grouped_case(counts, 512, N, gated, 1, seed=i, gather=True, shared=(N, 256, 11), grid=grid)
         err, bound = grouped_error(got, ref, gated)
         assert err <= bound, (name, gated, "rows_routed 2", err)
-        grid |= dict(merge_shared=True, x_ready=True)     # the shared chunk in the first routed row's blocks
-        got, ref, _ = grouped_case(counts, 512, N, gated, 1, seed=i, gather=True, shared=(N, 256, 5), grid=grid)
-        err, bound = grouped_error(got, ref, gated)
-        assert err <= bound, (name, gated, "merge_shared", err)
 g = torch.Generator(device="cuda").manual_seed(0)
 T, k, E = 13, 4, 6
 expert = torch.stack([torch.randperm(16, device="cuda", generator=g)[:k] for _ in range(T)])

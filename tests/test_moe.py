@@ -306,28 +306,6 @@ def test_grouped_gemm_shared_group_against_float64(case, tokens, gated, nt, gath
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("x_ready", [False, True])
-@pytest.mark.parametrize("tokens, rows", [(1, 1), (8, 1), (5, 2)])
-@pytest.mark.parametrize("gated", [True, False])
-@pytest.mark.parametrize("case", ["mixed", "one_expert", "none"])
-def test_grouped_gemm_merged_shared_chunk(case, gated, tokens, rows, x_ready):
-    """``merge_shared``: the shared expert's one chunk (1 and 8 tokens, a partial one) taken by
-    the blocks of the first routed row before their routed items (several with two rows, none
-    when no expert has tokens), its blocks streaming early or not: the same float64 reference.
-    Two chunks are refused."""
-    nz = sum(1 for c in COUNTS[case] if c)
-    grid = dict(groups=max(1, nz), rows_routed=min(rows, max(1, nz)), merge_shared=True, x_ready=x_ready)
-    shared = (48, 768, tokens) if gated else (64, 256, tokens)
-    got, ref, _ = grouped_case(COUNTS[case], 768, 80 if gated else 96, gated, 1, seed=tokens, gather=True,
-                               shared=shared, grid=grid)
-    err, bound = grouped_error(got, ref, gated)
-    assert err <= bound, f"relative error {err:.3g} > {bound:.3g}"
-    with pytest.raises(ValueError, match="merge_shared: expected the shared expert's tokens in one chunk"):
-        grouped_case(COUNTS[case], 768, 80 if gated else 96, gated, 1, seed=0, gather=True,
-                     shared=shared[:2] + (9,), grid=grid)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("rows, groups", [(1, "nz"), (2, "nz"), (3, "all"), ("groups", "all")])
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("case", ["mixed", "one_expert", "none"])
@@ -591,12 +569,11 @@ def test_kernel_entry_points_reject_bad_input():
     assert ek.gate_up_shape(ek.GATE_UP_SMALL_T + 1, 7168) is None   # more tokens: SHAPES
     assert ek.gate_up_shape(1, 64 * small[0] + 256) is None          # K not in whole steps of its warps
     gu, down = ek.layer_gemm_options(1, 8, 384, 48, 7168)          # one token: one expert and the shared one
-    assert down == {"nt": 1, "shared_first": 8, "groups": 8, "rows_routed": 1, "merge_shared": True}
+    assert down == {"nt": 1, "shared_first": 8, "groups": 8, "rows_routed": 1}
     assert gu == down | {"shape": small}
     gu, down = ek.layer_gemm_options(65, 8, 384, 48, 7168)         # more slots than local experts
     rows = math.ceil(expected_distinct(65, 8, 384, 48))              # 35.6 on average: 36 rows
-    assert down == {"nt": 1, "shared_first": 520, "groups": 48, "rows_routed": rows, "merge_shared": False}
+    assert down == {"nt": 1, "shared_first": 520, "groups": 48, "rows_routed": rows}
     assert gu == down | {"shape": None} and rows == 36
-    assert [ek.layer_gemm_options(T, 8, 384, 48, 7168)[1]["merge_shared"] for T in (8, 9)] == [True, False]
     assert ek.layer_gemm_options(10 ** 4, 8, 384, 48, 7168)[1]["rows_routed"] == 48   # every local expert
     assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]
