@@ -399,7 +399,10 @@ def stage_breakdown(moe: MoE, x: torch.Tensor, expert: torch.Tensor, *, quick: b
         expert in one grouped GEMM with the SiLU product), down (the same two), combine
         (weights, slot sum, shared rows added). Torch path: router, permute (sort, offsets,
         gathered rows), gate_up (two grouped GEMMs), act (SiLU and product), down, combine
-        (weights, mask, un-permute, slot sum, shared expert added), shared.
+        (weights, mask, un-permute, slot sum, shared expert added), shared. ``MoE.forward``
+        lets the router's kernel group the slots itself up to ``ROUTER_FUSED_PERMUTE`` tokens;
+        here ``expert`` replaces the router's choice, so the permutation is always its own
+        kernel.
     """
     cuda = x.is_cuda
     timer = ((lambda fn: time_graph(fn, reps=10 if quick else 30, calls_per_graph=3 if quick else 10)) if cuda
