@@ -75,12 +75,12 @@ def moe_layer_cost(*, tokens: int, distinct: int, local_slots: int, dim: int, in
         The experts run as ``kdtree.experts.routed_experts`` (bf16): a permutation kernel, the
         gate/up and the down grouped GEMM over the local slots and the shared expert's T rows
         (an extra group of each), and the combine, which reads each token's local rows and
-        shared row (float32) and writes the output.
-    router_permutes : bool
-        With both kernels: the router's one finaliser also groups the slots by expert
-        (``kdtree.experts.route_permuted`` at few tokens), so no permutation launch follows. Else the torch path of ``MoE.experts``: the
+        shared row (float32) and writes the output. Else the torch path of ``MoE.experts``: the
         static-shape permutation gathers, gates, weights, un-permutes and sums all T x k slots,
         local or not, and the shared expert runs as its own SwiGLU.
+    router_permutes : bool
+        With both kernels: the router's one finaliser also groups the slots by expert
+        (``kdtree.experts.route_permuted`` at few tokens), so no permutation launch follows.
 
     Returns
     -------
