@@ -113,18 +113,21 @@ __device__ __forceinline__ void pp_owner_softmax(float (&s)[8][4], float mx_lo, 
   att_fence_proxy_async();  // P, visible to wgmma
 }
 
-// Rescale O by the tile's factors, then issue O += P V over value columns 256 wg .. as one wgmma
-// group, not waited for: k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's 256
+// Issue O += P V over value columns 256 wg .. as one wgmma group, not waited for (pp_pv_steps; after
+// rescaling O by the tile's factors: pp_issue_pv): k-step t takes P columns 16 t .. and V rows (tokens) 16 t ..; V's 256
 // columns are 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
-__device__ __forceinline__ void pp_issue_pv(float (&o)[128], float al_lo, float al_hi, att_u64 dP, att_u32 sK,
-                                            int wg) {
-  fused_rescale_o(o, al_lo, al_hi);
-  wg_pin<128>(o);
+__device__ __forceinline__ void pp_pv_steps(float (&o)[128], att_u64 dP, att_u32 sK, int wg) {
   wg_fence();
 #pragma unroll
   for (int t = 0; t < FUSED_BN / 16; ++t)
     wg_m64n256k16_tb(o, dP + 2 * t, wg_desc(sK + 4 * wg * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
   wg_commit();
+}
+__device__ __forceinline__ void pp_issue_pv(float (&o)[128], float al_lo, float al_hi, att_u64 dP, att_u32 sK,
+                                            int wg) {
+  fused_rescale_o(o, al_lo, al_hi);
+  wg_pin<128>(o);
+  pp_pv_steps(o, dP, sK, wg);
 }
 
 

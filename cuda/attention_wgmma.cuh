@@ -32,10 +32,11 @@ __device__ __forceinline__ void wg_pin(float* r) {
   for (int i = 0; i < COUNT; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// D[64 x NW] += A[64 x 16] B[16 x NW] with NW / 2 fp32 accumulators per thread; B K-major in
-// shared memory, A K-major (TA = 0) or MN-major (TA = 1, transposed) in shared memory.
+// D[64 x NW] += A[64 x 16] B[16 x NW] with NW / 2 fp32 accumulators per thread (D = A B when acc
+// is 0: no register is written before the first k-step of a chain); B K-major in shared memory, A
+// K-major (TA = 0) or MN-major (TA = 1, transposed) in shared memory.
 template <int NW, int TA>
-__device__ __forceinline__ void wg_mma(float* d, att_u64 da, att_u64 db);
+__device__ __forceinline__ void wg_mma(float* d, att_u64 da, att_u64 db, int acc = 1);
 
 #define WG_D4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define WG_R4 "%0,%1,%2,%3"
@@ -45,12 +46,12 @@ __device__ __forceinline__ void wg_mma(float* d, att_u64 da, att_u64 db);
 #define WG_R32 WG_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define WG_MMA_DEF(NW, TA, REGS, IA, IB, IP, ...)                                                       \
   template <>                                                                                          \
-  __device__ __forceinline__ void wg_mma<NW, TA>(float* d, att_u64 da, att_u64 db) {                    \
+  __device__ __forceinline__ void wg_mma<NW, TA>(float* d, att_u64 da, att_u64 db, int acc) {           \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                     \
                  "wgmma.mma_async.sync.aligned.m64n" #NW "k16.f32.bf16.bf16 {" REGS "}, %" #IA ", %" #IB \
                  ", p, 1, 1, " #TA ", 0;\n}\n"                                                         \
                  : __VA_ARGS__                                                                         \
-                 : "l"(da), "l"(db), "r"(1));                                                          \
+                 : "l"(da), "l"(db), "r"(acc));                                                        \
   }
 WG_MMA_DEF(8, 0, WG_R4, 4, 5, 6, WG_D4(0))
 WG_MMA_DEF(8, 1, WG_R4, 4, 5, 6, WG_D4(0))
@@ -64,25 +65,36 @@ WG_MMA_DEF(64, 0, WG_R32, 32, 33, 34, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), W
            WG_D4(28))
 #undef WG_MMA_DEF
 
+// The 128 accumulators of an m64n256 wgmma: operands %0 .. %127.
+#define WG_R128                                                                        \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                             \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                   \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                   \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"                   \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                   \
+  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"                   \
+  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"       \
+  "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+#define WG_D128                                                                                               \
+  WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24), WG_D4(28), WG_D4(32), WG_D4(36),   \
+      WG_D4(40), WG_D4(44), WG_D4(48), WG_D4(52), WG_D4(56), WG_D4(60), WG_D4(64), WG_D4(68), WG_D4(72),       \
+      WG_D4(76), WG_D4(80), WG_D4(84), WG_D4(88), WG_D4(92), WG_D4(96), WG_D4(100), WG_D4(104), WG_D4(108),    \
+      WG_D4(112), WG_D4(116), WG_D4(120), WG_D4(124)
+
 // D[64 x 256] += A[64 x 16] B[16 x 256], A K-major and B MN-major (transposed) in shared memory.
 __device__ __forceinline__ void wg_m64n256k16_tb(float* d, att_u64 da, att_u64 db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24), WG_D4(28), WG_D4(32),
-        WG_D4(36), WG_D4(40), WG_D4(44), WG_D4(48), WG_D4(52), WG_D4(56), WG_D4(60), WG_D4(64), WG_D4(68),
-        WG_D4(72), WG_D4(76), WG_D4(80), WG_D4(84), WG_D4(88), WG_D4(92), WG_D4(96), WG_D4(100), WG_D4(104),
-        WG_D4(108), WG_D4(112), WG_D4(116), WG_D4(120), WG_D4(124)
-      : "l"(da), "l"(db), "r"(1));
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_R128 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+               : WG_D128
+               : "l"(da), "l"(db), "r"(1));
+}
+// The same with A from registers (RS, the m16n8k16 A fragment per warp, as wg_mma64_rs below).
+__device__ __forceinline__ void wg_m64n256k16_rs_tb(float* d, const att_u32 (&a)[4], att_u64 db) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_R128
+               "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+               : WG_D128
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 // D[64 x 64] += A[64 x 16] B[16 x 64] with A from registers (RS): each warp's 16 rows in the
 // m16n8k16 A fragment (a[0]: row gid, columns 2 tig, 2 tig + 1; a[1]: row gid + 8; a[2], a[3]: the
@@ -94,6 +106,8 @@ __device__ __forceinline__ void wg_mma64_rs(float* d, const att_u32 (&a)[4], att
                : WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24), WG_D4(28)
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
+#undef WG_D128
+#undef WG_R128
 #undef WG_D4
 #undef WG_R4
 #undef WG_R8

@@ -47,9 +47,10 @@ _SRC = "verify_attention"
 _SRC_WGMMA = "verify_attention_wgmma"
 _SRC_ROWS_N = "verify_attention_rows_n"
 _SRC_TMA = "verify_attention_tma"
-FUSED_IMPLS = ("mma", "wgmma", "tma", "tma_seq")
-_WGMMA_IMPLS = ("wgmma", "tma", "tma_seq")  # sm_90a kernels, built by nvcc
-_TMA_MAP_IMPLS = ("tma", "tma_seq")  # take the kv tensor map, 384 threads
+_SRC_PAIR = "verify_attention_pair"
+FUSED_IMPLS = ("mma", "wgmma", "tma", "tma_seq", "pair")
+_WGMMA_IMPLS = ("wgmma", "tma", "tma_seq", "pair")  # sm_90a kernels, built by nvcc
+_TMA_MAP_IMPLS = ("tma", "tma_seq", "pair")  # take the kv tensor map
 # The fused kernel an sm_90 GPU runs unless told otherwise: the fastest at every shape timed on an
 # H200 once its masking stopped costing half of each tile (docs/perf_log.md, session 10).
 SM90_IMPL = "tma_seq"
@@ -67,6 +68,9 @@ _RN_MAX_ROWS = 64
 # (a producer warpgroup after the two consumer warpgroups).
 _TMA_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 10 * 8 + 1024
 _TMA_THREADS = 384
+# pair (cuda/verify_attention_pair.cu): the same tiles + sM, sScale0, sScale1, sRed [2] rows and 24
+# mbarriers (PAIR_SMEM_BYTES), 256 threads (no producer warpgroup).
+_PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 24 * 8 + 1024
 _MAX_SPLITS = 32
 _LOG2E = 1.4426950408889634
 
@@ -250,10 +254,12 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
     if impl in _TMA_MAP_IMPLS:
         from kdtree.tensor_map import bf16_matrix_map
 
-        fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_TMA, "nvcc")
+        pair = impl == "pair"
+        fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_PAIR if pair else _SRC_TMA, "nvcc")
         args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK,
                                                           _FUSED_BN, 64))
-        launch(fn, grid, (_TMA_THREADS,), args, shared_mem=_TMA_SMEM, device=q.device)
+        launch(fn, grid, (_FUSED_THREADS if pair else _TMA_THREADS,), args,
+               shared_mem=_PAIR_SMEM if pair else _TMA_SMEM, device=q.device)
         return
     if impl == "wgmma":
         fn = _kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc")

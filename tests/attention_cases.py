@@ -32,11 +32,11 @@ def tree_to(tree: Tree, device) -> Tree:
 
 def available_kernels() -> tuple:
     """(impl, layout) pairs of the fused kernel to exercise here: the mma.sync kernel always; where
-    ``fused_impl`` picks an sm_90a kernel, the wgmma kernel in both layouts and the tma kernels
-    (rows_m)."""
+    ``fused_impl`` picks an sm_90a kernel, the wgmma kernel in both layouts and the tma and pair
+    kernels (rows_m)."""
     if fused_impl(torch.cuda.current_device()) in _WGMMA_IMPLS:
         return (("mma", "rows_m"), ("wgmma", "rows_m"), ("wgmma", "rows_n"), ("tma", "rows_m"),
-                ("tma_seq", "rows_m"))
+                ("tma_seq", "rows_m"), ("pair", "rows_m"))
     return (("mma", "rows_m"),)
 
 

@@ -262,7 +262,7 @@ def test_launch_plan_rows_n_only_where_it_runs():
         launch_plan("fused", layout="cols", **kw)
 
 
-@pytest.mark.parametrize("impl", ["tma", "tma_seq"])
+@pytest.mark.parametrize("impl", ["tma", "tma_seq", "pair"])
 def test_launch_plan_tma_kernels(impl):
     """The TMA kernels keep the rows_m plan (64-row tiles, the same splits and partial slots as
     wgmma) and refuse the rows_n layout."""
@@ -278,7 +278,7 @@ def test_launch_plan_tma_kernels(impl):
 
 
 @pytest.mark.parametrize("name, defines", [("verify_attention_wgmma", ()), ("verify_attention_rows_n", ()),
-                                           ("verify_attention_tma", ())]
+                                           ("verify_attention_tma", ()), ("verify_attention_pair", ())]
                          + [("wgmma_probe", (f"-DPROBE_MODE={m}",)) for m in range(6)])
 def test_wgmma_kernels_keep_registers(name, defines, tmp_path):
     """ptxas for sm_90a: no spills, and no wgmma serialised (for want of registers, C7511, or around
@@ -506,7 +506,7 @@ def test_rows_n_matches_reference(case, splits, gen):
 @gpu
 @pytest.mark.parametrize("splits", [None, 3])
 @pytest.mark.parametrize("case", RN_CASES, ids=_ids(RN_CASES))
-@pytest.mark.parametrize("impl", ["tma", "tma_seq"])
+@pytest.mark.parametrize("impl", ["tma", "tma_seq", "pair"])
 def test_tma_kernels_at_new_shapes(impl, case, splits, gen):
     """The TMA kernels at rows_n's shapes as well: a 9-word mask (N = 513), every head count,
     padding nodes, empty and ragged prefixes, splits whose last tile is cut short."""
@@ -527,9 +527,9 @@ def _run_and_check(variant, case, gen, extra, **run):
 
 
 KERNELS = [("fused", "mma", "rows_m"), ("fused", "wgmma", "rows_m"), ("fused", "wgmma", "rows_n"),
-           ("fused", "tma", "rows_m"), ("fused", "tma_seq", "rows_m"),
+           ("fused", "tma", "rows_m"), ("fused", "tma_seq", "rows_m"), ("fused", "pair", "rows_m"),
            ("cascade", "mma", None), ("cascade", "wgmma", None), ("cascade", "tma", None),
-           ("cascade", "tma_seq", None)]
+           ("cascade", "tma_seq", None), ("cascade", "pair", None)]
 
 
 @gpu
@@ -597,7 +597,7 @@ def test_device_mismatch_raises(gen):
 # Every fused kernel under compute-sanitizer's three tools. (The retired v5 pingpong kernels, whose
 # named-barrier handoffs racecheck reported although they were not races, carried strict xfails
 # here; the TMA kernels hand everything over on mbarriers and are expected clean.)
-_SANITIZED = [(tool, kernel) for kernel in ("mma", "wgmma", "rows_n", "tma", "tma_seq")
+_SANITIZED = [(tool, kernel) for kernel in ("mma", "wgmma", "rows_n", "tma", "tma_seq", "pair")
               for tool in ("memcheck", "racecheck", "synccheck")]
 
 

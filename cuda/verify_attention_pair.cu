@@ -1,0 +1,318 @@
+// verify_fused_pair on wgmma (sm_90a), v8: KV tiles taken in pairs by two warpgroups that trade
+// halves of the work, so that each warpgroup's softmax runs while the tensor cores do the other's
+// matrix products. Same function, block tile (64 rows x 64 KV rows), Q / KV shared-memory layout,
+// split/partial protocol, combine and tensor-map argument as verify_fused_tma
+// (verify_attention_tma.cu); 256 threads, no producer warpgroup.
+//
+// Tiles 2 j (A, KV stage 0) and 2 j + 1 (B, stage 1) form pair j. Warpgroup 0 computes S of A,
+// warpgroup 1 S of B; warpgroup g accumulates O over value columns 256 g .. +255 for both tiles.
+// Per pair:
+//   wg0: softmax of S_A against the running max m -> m_A, alpha_A (sM, sScale0; SCALE0);
+//        O0 = O0 alpha_A + P_A V_A[:, 0:256] with P_A from registers (RS wgmma);
+//        waits SCALE1 for alpha_B, stores P_A alpha_B (P_A against m_B) into sP0 (P0);
+//        waits P1; O0 = O0 alpha_B + P_B V_B[:, 0:256] with P_B from sP1; issues S of the next A.
+//   wg1: waits SCALE0; softmax of S_B against m_A -> m_B, alpha_B (sM, sScale1; SCALE1); stores
+//        P_B into sP1 (P1); O1 = O1 alpha_A alpha_B + P_B V_B[:, 256:512] from registers; waits
+//        P0; O1 += P_A alpha_B V_A[:, 256:512] from sP0; issues S of the next B.
+// Both halves of O and both row sums (wg0 sums P_A, wg1 P_B, each rescaled like its O) end on the
+// same final max. A pair without B (odd tile count) ends after P_A (unscaled) and alpha_A.
+//
+// Loads: the copy engine (TMA) lands each 64-column box of a tile on its own mbarrier (full[s][b],
+// 8 KB expected), so S starts on the first boxes to land. A stage's boxes are refilled by the
+// warpgroup whose reads of them end last: wg0 loads boxes 0-3 (V's first half) of the next A once
+// its P_A V_A is done, and of the next B once its P_B V_B is done (wg1's S_B is done: SCALE1);
+// wg1 loads boxes 4-8 (V's second half and the rope box) of the next B and the next A once its two
+// P V are done (wg0's S_A is done: SCALE0). wg0 walks the boxes of S in the order 0..8, wg1 in
+// 4..8, 0..3: first the boxes its own loads brought. Every other handoff is an mbarrier of 128
+// arrivals per pair (SCALE0, SCALE1, P0, P1); the arrivals of a pair each need, transitively, the
+// waits of the pair before, so no barrier runs two phases ahead of a waiter.
+//
+// Shared memory is the v6 kernel's: the rope columns of Q (box 8 of the Q tile) move into
+// registers once (RS wgmma for S's last four k-steps), and that box holds P_B (sP1) from then on.
+// Rows of the last tile past the KV range end are zeroed by the tile's S warpgroup once the whole
+// tile landed (as in verify_attention_tma.cu), before any product reads it.
+#include "attention_common.cuh"
+#include "attention_pingpong.cuh"
+#include "attention_tile.cuh"
+#include "attention_wgmma.cuh"
+
+#define PAIR_THREADS 256
+#define PAIR_NB_ALL 1                   // named barrier: all 256 threads (Q landed; rope read; epilogue)
+#define PAIR_BOX_BYTES (FUSED_BN * 128)  // one 64-row x 64-column box
+#define PAIR_BOXES (ATT_D_QK / 64)       // 9 boxes a tile: 8 of V / K, the rope box last
+
+// Shared memory: Q (box 8 becomes sP1), two KV stages, sP0, fp32 sM, sScale0, sScale1 [BM],
+// sRed [2][BM], then 24 mbarriers: full[2][9], SCALE0, SCALE1, P0, P1, zero[2].
+#define PAIR_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 5 * FUSED_BM * 4 + 24 * 8 + 1024)
+#define PAIR_SCALE0 18
+#define PAIR_SCALE1 19
+#define PAIR_P0 20
+#define PAIR_P1 21
+#define PAIR_ZERO 22
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wg_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+__device__ __forceinline__ att_u32 pair_full(att_u32 sBar, int st, int b) { return sBar + 8 * (st * PAIR_BOXES + b); }
+
+// Issue boxes [b0, b1) of split tile i into its stage (one thread).
+__device__ __forceinline__ void pair_load(const AttTensorMap* map, att_u32 sKV, att_u32 sBar, int row0, int i, int b0,
+                                          int b1) {
+  const int st = i & 1;
+  for (int b = b0; b < b1; ++b) {
+    const att_u32 full = pair_full(sBar, st, b);
+    mb_arrive_expect_tx(full, PAIR_BOX_BYTES);
+    tma_load_2d(sKV + st * FUSED_SMEM_KV + b * PAIR_BOX_BYTES, map, full, 64 * b, row0 + i * FUSED_BN);
+  }
+}
+
+// The four k-steps of S over box b of the tile in stage sK, once the box landed; the rope box
+// (8) takes Q from registers. FIRST: the chain's first k-step overwrites s (no register is written
+// outside wgmma while another warpgroup-level product is in flight: ptxas would serialise them).
+template <int BOX, bool FIRST>
+__device__ __forceinline__ void pair_s_box(float (&s)[8][4], const att_u32 (&qr)[4][4], att_u32 sQ, att_u32 sK,
+                                           att_u32 full, int par) {
+  static_assert(!(FIRST && BOX == PAIR_BOXES - 1), "S starts on a box of Q in shared memory");
+  mb_wait(full, par);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const att_u64 dk = wg_desc(sK + BOX * PAIR_BOX_BYTES + 32 * kk, 16, 1024);
+    if (BOX == PAIR_BOXES - 1)
+      wg_mma64_rs(&s[0][0], qr[kk], dk);
+    else
+      wg_mma<64, 0>(&s[0][0], wg_desc(sQ + BOX * PAIR_BOX_BYTES + 32 * kk, 16, 1024), dk, FIRST && kk == 0 ? 0 : 1);
+  }
+}
+
+// Boxes B0 .. B0 + NB - 1 (mod 9) of S for split tile i, as one committed wgmma group; FIRST: the
+// chain starts here.
+template <int B0, int NB, bool FIRST>
+__device__ __forceinline__ void pair_s_part(float (&s)[8][4], const att_u32 (&qr)[4][4], att_u32 sQ, att_u32 sKV,
+                                            att_u32 sBar, int i) {
+  const int st = i & 1, par = (i >> 1) & 1;
+  const att_u32 sK = sKV + st * FUSED_SMEM_KV;
+  wg_fence();
+#define PAIR_BOX(n) \
+  if (NB > n)                                                                                            \
+    pair_s_box<(B0 + n) % PAIR_BOXES, FIRST && n == 0>(s, qr, sQ, sK, pair_full(sBar, st, (B0 + n) % PAIR_BOXES), par);
+  PAIR_BOX(0) PAIR_BOX(1) PAIR_BOX(2) PAIR_BOX(3) PAIR_BOX(4) PAIR_BOX(5) PAIR_BOX(6) PAIR_BOX(7) PAIR_BOX(8)
+#undef PAIR_BOX
+  wg_commit();
+}
+
+// Before the first k-step of S on split tile i: if the tile is the range's cut-short last one, wait
+// for all its boxes and zero its rows past the range end (warpgroup wg, its zero barrier: once per
+// block).
+__device__ __forceinline__ void pair_s_begin(att_u32 sKV, att_u32 sBar, const FusedBlock& k, int i, int wg,
+                                             int wtid) {
+  const int st = i & 1, valid = k.hi - (k.lo + (k.kt0 + i) * FUSED_BN);
+  if (valid < FUSED_BN) {
+    for (int b = 0; b < PAIR_BOXES; ++b) mb_wait(pair_full(sBar, st, b), (i >> 1) & 1);
+    pp_zero_tail_rows(sKV + st * FUSED_SMEM_KV, valid, wtid, sBar + 8 * (PAIR_ZERO + wg));
+  }
+}
+
+// P (the softmax of s, rows r_lo / r_hi scaled by f_lo / f_hi) as the bf16 A fragments of the four
+// k-steps of P V: the S accumulator layout is the A fragment layout.
+__device__ __forceinline__ void pair_pack_p(att_u32 (&pa)[4][4], const float (&s)[8][4], float f_lo, float f_hi) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    pa[t][0] = att_pack_bf16x2(s[2 * t][0] * f_lo, s[2 * t][1] * f_lo);
+    pa[t][1] = att_pack_bf16x2(s[2 * t][2] * f_hi, s[2 * t][3] * f_hi);
+    pa[t][2] = att_pack_bf16x2(s[2 * t + 1][0] * f_lo, s[2 * t + 1][1] * f_lo);
+    pa[t][3] = att_pack_bf16x2(s[2 * t + 1][2] * f_hi, s[2 * t + 1][3] * f_hi);
+  }
+}
+
+// Rescale O by al_lo / al_hi, then issue O += P V over value half h of the tile in stage sK with P
+// from registers, as one wgmma group, not waited for.
+__device__ __forceinline__ void pair_issue_pv_rs(float (&o)[128], float al_lo, float al_hi, const att_u32 (&pa)[4][4],
+                                                 att_u32 sK, int h) {
+  fused_rescale_o(o, al_lo, al_hi);
+  wg_pin<128>(o);
+  wg_fence();
+#pragma unroll
+  for (int t = 0; t < FUSED_BN / 16; ++t)
+    wg_m64n256k16_rs_tb(o, pa[t], wg_desc(sK + 4 * h * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
+  wg_commit();
+}
+
+// This thread's Q rope fragments (box 8 of the Q tile, rows 16 w4 ..: k-step t in qr[t]).
+__device__ __forceinline__ void pair_load_rope(att_u32 (&qr)[4][4], att_u32 sQ, int w4, int lane) {
+  const int r = 16 * w4 + (lane & 15);
+#pragma unroll
+  for (int t = 0; t < 4; ++t)
+    att_ldmatrix_x4(sQ + fused_off(r, 8 * (PAIR_BOXES - 1) + 2 * t + (lane >> 4), FUSED_BM), qr[t][0], qr[t][1],
+                    qr[t][2], qr[t][3]);
+}
+
+__device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf16* __restrict__ q,
+                                          const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
+                                          att_bf16* __restrict__ out, float* __restrict__ lse,
+                                          float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
+                                          int N, int H, int W, int splits, int slot0, int mode, float scale_log2) {
+  static_assert(FUSED_BM == 64 && FUSED_BN == 64 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
+                "verify_fused_pair: 64 x 64 tiles, 256 value columns a warpgroup, 9 boxes a tile");
+  static_assert(PAIR_SMEM_BYTES <= 232448, "shared memory");
+  static_assert(FUSED_SMEM_KV == PAIR_BOXES * PAIR_BOX_BYTES && FUSED_SMEM_P == PAIR_BOX_BYTES, "box sizes");
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = fused_smem_base(smem_raw);
+  const att_u32 sQ = att_smem_addr(smem), sKV = sQ + FUSED_SMEM_Q, sP0 = sKV + 2 * FUSED_SMEM_KV;
+  const att_u32 sP1 = sQ + (PAIR_BOXES - 1) * PAIR_BOX_BYTES;
+  float* sM = reinterpret_cast<float*>(smem + FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P);
+  float *sScale0 = sM + FUSED_BM, *sScale1 = sScale0 + FUSED_BM, *sRed = sScale1 + FUSED_BM;
+  const att_u32 sBar = att_smem_addr(sRed + 2 * FUSED_BM);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wtid = tid & 127, gid = lane >> 2, tig = lane & 3;
+  const FusedBlock k = fused_block(prefix_lens, S, N, H, splits, mode);
+  const int n = k.kt1 - k.kt0;  // tiles of this split
+  const int row0 = k.b * S + k.lo + k.kt0 * FUSED_BN;
+
+  if (tid == 0) {
+    for (int i = 0; i < 24; ++i) mb_init(sBar + 8 * i, i < 2 * PAIR_BOXES ? 1 : 128);
+    mb_init_fence();
+    tma_prefetch_map(map);
+  }
+  if (tid < FUSED_BM) sM[tid] = ATT_NEG_INF;
+  __syncthreads();  // barriers initialised, sM set
+  if (tid == 0) {
+    if (n > 0) pair_load(map, sKV, sBar, row0, 0, 0, PAIR_BOXES);
+    if (n > 1) pair_load(map, sKV, sBar, row0, 1, 0, PAIR_BOXES);
+  }
+
+  const int r_lo = 16 * (warp & 3) + gid, r_hi = r_lo + 8;
+  const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
+  const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
+  float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
+  pp_consumers_start(o, sQ, q, k, n, tid, PAIR_NB_ALL);
+  att_u32 qr[4][4];
+  if (n > 0) pair_load_rope(qr, sQ, warp & 3, lane);
+  nb_sync(PAIR_NB_ALL, PAIR_THREADS);  // every rope fragment is read before box 8 holds P_B
+
+  float l_lo = 0.f, l_hi = 0.f;
+  float s[8][4];  // S of the warpgroup's tile (m64n64 accumulators: n8 tile nt, rows r_lo / r_hi)
+  att_u32 pa[4][4];
+  const att_u32 sK0 = sKV, sK1 = sKV + FUSED_SMEM_KV;
+  if (wg == 0) {
+    if (n > 0) {
+      pair_s_begin(sKV, sBar, k, 0, 0, wtid);
+      pair_s_part<0, PAIR_BOXES, true>(s, qr, sQ, sKV, sBar, 0);
+    }
+    wg_wait_all();
+    wg_pin<32>(&s[0][0]);
+    for (int a = 0; a < n; a += 2) {
+      const int par = (a >> 1) & 1;
+      const bool has_b = a + 1 < n, next_a = a + 2 < n, next_b = a + 3 < n;
+      float mx_lo, mx_hi;
+      fused_scale_mask_max(s, k, k.lo + (k.kt0 + a) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
+      float m_lo = sM[r_lo], m_hi = sM[r_hi];
+      const float aa_lo = fused_softmax_row<0>(s, mx_lo, m_lo, l_lo);
+      const float aa_hi = fused_softmax_row<2>(s, mx_hi, m_hi, l_hi);
+      pp_publish_stats(sM, sScale0, m_lo, m_hi, aa_lo, aa_hi, r_lo, r_hi, tig);
+      mb_arrive(sBar + 8 * PAIR_SCALE0);
+      pair_pack_p(pa, s, 1.f, 1.f);
+      pair_issue_pv_rs(o, aa_lo, aa_hi, pa, sK0, 0);
+      wg_wait_all();
+      wg_pin<128>(o);
+      if (next_a && wtid == 0) pair_load(map, sKV, sBar, row0, a + 2, 0, 4);
+      if (has_b) {
+        mb_wait(sBar + 8 * PAIR_SCALE1, par);
+        const float ab_lo = sScale1[r_lo], ab_hi = sScale1[r_hi];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          s[nt][0] *= ab_lo;
+          s[nt][1] *= ab_lo;
+          s[nt][2] *= ab_hi;
+          s[nt][3] *= ab_hi;
+        }
+        fused_store_p(s, sP0, r_lo, r_hi, 0, tig);  // P_A against m_B, for wg1
+        att_fence_proxy_async();
+        mb_arrive(sBar + 8 * PAIR_P0);
+        l_lo *= ab_lo;
+        l_hi *= ab_hi;
+        mb_wait(sBar + 8 * PAIR_P1, par);
+        for (int b = 0; b < 4; ++b) mb_wait(pair_full(sBar, 1, b), par);
+        pp_issue_pv(o, ab_lo, ab_hi, wg_desc(sP1, 16, 1024), sK1, 0);
+        if (next_a) {  // S of the next A on the boxes this warpgroup loaded, then (P_B V_B done) the rest
+          pair_s_begin(sKV, sBar, k, a + 2, 0, wtid);
+          pair_s_part<0, 4, true>(s, qr, sQ, sKV, sBar, a + 2);
+          wg_wait_one();
+          if (next_b && wtid == 0) pair_load(map, sKV, sBar, row0, a + 3, 0, 4);
+          pair_s_part<4, PAIR_BOXES - 4, false>(s, qr, sQ, sKV, sBar, a + 2);
+        }
+      } else {
+        fused_store_p(s, sP0, r_lo, r_hi, 0, tig);  // the last tile: P_A against m_A
+        att_fence_proxy_async();
+        mb_arrive(sBar + 8 * PAIR_P0);
+      }
+      wg_wait_all();
+      wg_pin<128>(o);
+      wg_pin<32>(&s[0][0]);
+    }
+  } else {
+    if (n > 1) {
+      pair_s_begin(sKV, sBar, k, 1, 1, wtid);
+      pair_s_part<4, PAIR_BOXES, true>(s, qr, sQ, sKV, sBar, 1);
+    }
+    wg_wait_all();
+    wg_pin<32>(&s[0][0]);
+    for (int a = 0; a < n; a += 2) {
+      const int par = (a >> 1) & 1;
+      const bool has_b = a + 1 < n, next_a = a + 2 < n, next_b = a + 3 < n;
+      mb_wait(sBar + 8 * PAIR_SCALE0, par);
+      const float aa_lo = sScale0[r_lo], aa_hi = sScale0[r_hi];
+      float ab_lo = 1.f, ab_hi = 1.f;
+      l_lo *= aa_lo;
+      l_hi *= aa_hi;
+      fused_rescale_o(o, aa_lo, aa_hi);
+      wg_pin<128>(o);
+      if (has_b) {
+        float mx_lo, mx_hi;
+        fused_scale_mask_max(s, k, k.lo + (k.kt0 + a + 1) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo,
+                             mx_hi);
+        float m_lo = sM[r_lo], m_hi = sM[r_hi];
+        ab_lo = fused_softmax_row<0>(s, mx_lo, m_lo, l_lo);
+        ab_hi = fused_softmax_row<2>(s, mx_hi, m_hi, l_hi);
+        pp_publish_stats(sM, sScale1, m_lo, m_hi, ab_lo, ab_hi, r_lo, r_hi, tig);
+        mb_arrive(sBar + 8 * PAIR_SCALE1);
+        fused_store_p(s, sP1, r_lo, r_hi, 0, tig);  // P_B, for wg0
+        att_fence_proxy_async();
+        mb_arrive(sBar + 8 * PAIR_P1);
+        pair_pack_p(pa, s, 1.f, 1.f);
+        pair_issue_pv_rs(o, ab_lo, ab_hi, pa, sK1, 1);
+      }
+      mb_wait(sBar + 8 * PAIR_P0, par);
+      for (int b = 4; b < 8; ++b) mb_wait(pair_full(sBar, 0, b), par);  // V_A's boxes (landed before S_A)
+      pp_pv_steps(o, wg_desc(sP0, 16, 1024), sK0, 1);  // (with B: while B's P V runs)
+      if (has_b) {
+        wg_wait_one();
+        if (next_b && wtid == 0) pair_load(map, sKV, sBar, row0, a + 3, 4, PAIR_BOXES);
+      }
+      wg_wait_all();
+      wg_pin<128>(o);
+      if (next_a && wtid == 0) pair_load(map, sKV, sBar, row0, a + 2, 4, PAIR_BOXES);
+      if (next_b) {
+        pair_s_begin(sKV, sBar, k, a + 3, 1, wtid);
+        pair_s_part<4, PAIR_BOXES, true>(s, qr, sQ, sKV, sBar, a + 3);
+      }
+      wg_wait_all();
+      wg_pin<32>(&s[0][0]);
+    }
+  }
+  pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
+                   PAIR_NB_ALL);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// kv itself is read only through `map` (the argument stays for the common launch protocol).
+extern "C" __global__ void __launch_bounds__(PAIR_THREADS, 1)
+    verify_fused_pair(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
+                      const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
+                      att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
+                      float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
+                      int mode, float scale_log2, const __grid_constant__ AttTensorMap map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pair_body(&map, q, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2);
+#endif
+}
