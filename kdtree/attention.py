@@ -11,15 +11,18 @@ Variants (all selectable by name, see ``verify_attention``):
   only, then an lse merge: the two-pass scheme serving stacks use.
 * ``fused``: one pass over each latent row per tile of (query, head) rows on bf16 tensor cores,
   the ancestor mask applied in the same pass, long prefixes split across SMs and merged. On
-  sm_90 with nvcc it runs ``tma_seq`` (``cuda/verify_attention_tma.cu``, sm_90a): 64 rows per
-  block on the tile's M dimension, two consumer warpgroups taking alternate KV tiles for S at the
-  full tile width and handing P over through shared memory, fed by a producer warpgroup through
-  the copy engine (TMA, a tensor map of kv encoded on the host: ``kdtree.tensor_map``), every
-  handoff on mbarriers; ``tma`` issues a warpgroup's next S before the other's P V. Elsewhere the
-  mma.sync kernel (``cuda/verify_attention.cu``, NVRTC). The first wgmma kernel (``impl="wgmma"``,
-  ``cuda/verify_attention_wgmma.cu``) and a transposed one (KV tokens on M, the rows on N in
-  8-row groups: ``cuda/verify_attention_rows_n.cu``, ``layout="rows_n"``) run only when asked.
-  ``launch_plan`` says what runs, per shape.
+  sm_90 with nvcc it runs ``pair`` (``cuda/verify_attention_pair.cu``, sm_90a): 64 rows per block
+  on the tile's M dimension, KV tiles in pairs, one warpgroup computing S and the softmax of each
+  tile of a pair, both accumulating P V over their halves of the value columns (the own tile's P
+  from registers, the other's through shared memory), so that one warpgroup's softmax overlaps
+  the other's products; each 64-column box of a KV tile lands through the copy engine (TMA, a
+  tensor map of kv encoded on the host: ``kdtree.tensor_map``) on its own mbarrier. The earlier
+  TMA kernels (``cuda/verify_attention_tma.cu``: ``tma_seq``, alternate tiles fed by a producer
+  warpgroup, and ``tma``), the first wgmma kernel (``impl="wgmma"``,
+  ``cuda/verify_attention_wgmma.cu``) and a transposed one (KV tokens on M, the rows on N in 8-row
+  groups: ``cuda/verify_attention_rows_n.cu``, ``layout="rows_n"``) run only when asked. Elsewhere
+  the mma.sync kernel (``cuda/verify_attention.cu``, NVRTC). ``launch_plan`` says what runs, per
+  shape.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 """
 from __future__ import annotations
@@ -51,9 +54,9 @@ _SRC_PAIR = "verify_attention_pair"
 FUSED_IMPLS = ("mma", "wgmma", "tma", "tma_seq", "pair")
 _WGMMA_IMPLS = ("wgmma", "tma", "tma_seq", "pair")  # sm_90a kernels, built by nvcc
 _TMA_MAP_IMPLS = ("tma", "tma_seq", "pair")  # take the kv tensor map
-# The fused kernel an sm_90 GPU runs unless told otherwise: the fastest at every shape timed on an
-# H200 once its masking stopped costing half of each tile (docs/perf_log.md, session 10).
-SM90_IMPL = "tma_seq"
+# The fused kernel an sm_90 GPU runs unless told otherwise: on an H200, 1.10-1.16x faster than
+# tma_seq (the default before) at every shape timed (docs/perf_log.md, verify attention v8).
+SM90_IMPL = "pair"
 LAYOUTS = ("rows_m", "rows_n")
 _FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/attention_tile.cuh
 _FUSED_THREADS = 256
@@ -171,15 +174,15 @@ def _kernel(name: str, index: int, src: str = _SRC, compiler: str = "nvrtc"):
 
 @functools.lru_cache(maxsize=None)
 def fused_impl(index: int) -> str:
-    """The fused kernel a device runs: ``SM90_IMPL`` (``tma_seq``) on sm_90 when nvcc is there,
+    """The fused kernel a device runs: ``SM90_IMPL`` (``pair``) on sm_90 when nvcc is there,
     else ``mma``.
 
-    ``tma_seq`` (``cuda/verify_attention_tma.cu``, sm_90a, built by nvcc): two consumer
-    warpgroups taking alternate KV tiles, fed by a TMA producer warpgroup through an mbarrier
-    ring; on an H200 it was faster than the first wgmma kernel at every shape timed
-    (docs/perf_log.md). The environment variable ``KDTREE_FUSED_IMPL`` (one of
-    ``FUSED_IMPLS``) overrides the choice: ``wgmma`` (``cuda/verify_attention_wgmma.cu``) and
-    ``tma``, both sm_90a, run only when asked.
+    ``pair`` (``cuda/verify_attention_pair.cu``, sm_90a, built by nvcc): KV tiles in pairs, the
+    two warpgroups trading the softmax of one tile against the products of the other; on an H200
+    it was faster than ``tma_seq`` (the default before) at every shape timed (docs/perf_log.md).
+    The environment variable ``KDTREE_FUSED_IMPL`` (one of ``FUSED_IMPLS``) overrides the choice:
+    ``tma_seq``, ``tma`` (``cuda/verify_attention_tma.cu``) and ``wgmma``
+    (``cuda/verify_attention_wgmma.cu``), all sm_90a, run only when asked.
     """
     import shutil
 
@@ -327,7 +330,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         Streaming multiprocessors of the device (132 on an H200).
     impl : str, optional
         The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``; default ``SM90_IMPL``, or
-        ``wgmma`` for the rows_n layout): ``tma_seq`` / ``tma`` (rows_m only), ``wgmma`` or ``mma``.
+        ``wgmma`` for the rows_n layout): ``pair`` / ``tma_seq`` / ``tma`` (rows_m only), ``wgmma`` or
+        ``mma``.
     splits : int, optional
         Force the KV split count (default: ``choose_splits``).
     layout : str, optional

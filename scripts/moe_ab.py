@@ -2,8 +2,8 @@
 
     python scripts/moe_ab.py TREE TREE ... [-- T ...]      (GPU host; default T = 1 2 4 8 17 65)
 
-Each tree (a folder holding ``kdtree/`` and ``cuda/``, e.g. ``git archive <commit> kdtree cuda``
-unpacked) runs in its own process, twice, all trees in turn, then again: the layer built
+Each tree (a folder holding ``kdtree/`` and ``cuda/``) runs in its own process, twice, all trees in
+turn, then again (``ab_trees.alternate``): the layer built
 from the same seed, at each T the input of ``trace_moe.typical_input`` (its routing touches the
 typical number of local experts), the output checked against the float64 reference, then
 timed by CUDA-graph replay (median and p20-p80 of 20 replays of 3 calls). Prints one table.
@@ -11,10 +11,9 @@ timed by CUDA-graph replay (median and p20-p80 of 20 replays of 3 calls). Prints
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
+
+from ab_trees import table
 
 
 def child(Ts: list[int]) -> None:
@@ -40,23 +39,8 @@ def main() -> None:
     if sys.argv[1] == "--child":
         child([int(t) for t in sys.argv[2:]])
         return
-    args = sys.argv[1:]
-    trees, Ts = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
-    Ts = Ts or ["1", "2", "4", "8", "17", "65"]
-    rows: dict[str, list] = {}
-    for _ in range(2):
-        for tree in trees:
-            env = os.environ | {"PYTHONPATH": str(Path(tree).resolve())}
-            res = subprocess.run([sys.executable, __file__, "--child", *Ts], env=env, capture_output=True, text=True)
-            line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
-            if res.returncode or not line:
-                sys.exit(f"{tree} failed:\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
-            rows.setdefault(tree, []).append(json.loads(line[0][7:]))
-    names = [Path(t).resolve().name for t in trees]
-    print(f"{'T':>5} {'experts':>7} " + " ".join(f"{n} #{r + 1}".rjust(22) for r in range(2) for n in names))
-    for T in Ts:
-        cells = [rows[t][r][T] for r in range(2) for t in trees]
-        print(f"{T:>5} {cells[0][0]:>7} " + " ".join(f"{c[1]:8.1f} [{c[2]:.1f}, {c[3]:.1f}]".rjust(22) for c in cells))
+    table(__file__, sys.argv[1:], ["1", "2", "4", "8", "17", "65"], "T", 22,
+          lambda c: f"{c[1]:8.1f} [{c[2]:.1f}, {c[3]:.1f}]", lead=("experts", lambda c: c[0]))
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ ncu-kernels: one row per profiled launch of an Nsight Compute ``--csv`` export t
 ``--metrics`` (one row per launch and metric): its time, DRAM bytes read, DRAM throughput, the
 share of its cycles the SMs were active, and its grid, for the metrics the export holds.
 
-moe-ab: ``scripts/moe_ab.py``'s output: per T the medians of both passes of each tree, and each
-tree's mean over the two against the first tree's.
+moe-ab, attention-ab: ``scripts/moe_ab.py``'s / ``scripts/attention_ab.py``'s output: per T (per
+shape) the medians of both passes of each tree, and each tree's mean over the two against the first
+tree's.
 
 moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py``'s records
 (``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
@@ -69,9 +70,11 @@ def verify_grid(run: str) -> str:
     key = ["B", "N", "H", "P"]
     fu = f.set_index(key).us
     out += ["", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]
-    for other in ("cascade", "fused_wgmma"):
+    for other in ("cascade", "fused_tma_seq", "fused_wgmma"):
         o = d[(d.config == other) & d.us.notna()].set_index(key).us
         r = (fu / o).dropna()
+        if r.empty:  # a grid from before that kernel existed
+            continue
         out.append(f"| `{other}` | {len(r)} | {int((r > 1).sum())} | {_spread(r)} |")
     return "\n".join(out)
 
@@ -138,20 +141,24 @@ def ncu_kernels(csv: str) -> str:
     return f"From `{csv}`:\n\n" + "\n".join(rows)
 
 
-def moe_ab(log: str) -> str:
+def ab(log: str) -> str:
+    """``scripts/moe_ab.py`` / ``attention_ab.py`` output: per item the medians of both passes of
+    each tree, and each tree's mean against the first tree's."""
     lines = Path(log).read_text().splitlines()
     head = lines[0].split()
-    trees = [head[2 + 2 * i] for i in range(len(head[2:]) // 4)]   # "name #1" per cell, both passes
-    cols = ["T", "experts touched"] + [f"{t} (us)" for t in trees] + [f"{t} / {trees[0]}" for t in trees[1:]]
+    lead = 2 if head[1] == "experts" else 1                          # moe_ab has an experts column
+    trees = [head[lead + 2 * i] for i in range(len(head[lead:]) // 4)]   # "name #1" per cell, both passes
+    cols = ["T", "experts touched"] if lead == 2 else ["B, N, H, P"]
+    cols += [f"{t} (us)" for t in trees] + [f"{t} / {trees[0]}" for t in trees[1:]]
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for ln in lines[1:]:
         tok = ln.split()
-        if not tok or not tok[0].isdigit():
+        if len(tok) != lead + 3 * 2 * len(trees):
             continue
-        med = [float(tok[2 + 3 * i]) for i in range(2 * len(trees))]   # a cell is "median [p20, p80]"
+        med = [float(tok[lead + 3 * i]) for i in range(2 * len(trees))]   # a cell is "median [p20, p80]"
         passes = [(med[i], med[len(trees) + i]) for i in range(len(trees))]
         mean = [(a + b) / 2 for a, b in passes]
-        rows.append("| " + " | ".join([tok[0], tok[1]] + [f"{a:.1f} / {b:.1f}" for a, b in passes]
+        rows.append("| " + " | ".join(tok[:lead] + [f"{a:.1f} / {b:.1f}" for a, b in passes]
                                       + [f"{m / mean[0]:.3f}" for m in mean[1:]]) + " |")
     return f"From `{log}` (median of each pass, first / second):\n\n" + "\n".join(rows)
 
@@ -194,7 +201,7 @@ def moe_trace(npz: str) -> str:
 
 
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "moe-ab": moe_ab,
+    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "moe-ab": ab, "attention-ab": ab,
              "moe-trace": moe_trace}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")

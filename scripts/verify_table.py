@@ -7,8 +7,8 @@ every prefix P; input sets rotating over more than 2.5x the L2 where they fit, t
 before each replay: cold L2), every configuration checked against the float64 reference on the
 first and the last sequence, then timed under CUDA-graph replay (median and p20-p80 of per-call
 times; fewer repetitions and calls per graph for long calls). Variants: ``fused`` on the
-default kernel (the column ``default_impl`` names it) and on the others (``fused_tma``,
-``fused_wgmma``, the first wgmma kernel, ``fused_mma``), ``cascade`` (default kernel),
+default kernel (the column ``default_impl`` names it) and on the others (``fused_tma_seq``, the
+default before, ``fused_tma``, ``fused_wgmma``, the first wgmma kernel, ``fused_mma``), ``cascade`` (default kernel),
 ``naive`` where its predicted time is short, ``torch`` where its float32 score matrices fit and
 its predicted time is short (the ``skip`` column says why a variant was not run).
 
@@ -50,8 +50,8 @@ SHARDS = [(B, N, H, P) for H in (8, 16, 32) for N in (9, 17, 33, 65) for P in (4
 SHAPES = H64 + SHARDS
 
 # (label, variant, impl); fused and cascade run the default fused kernel.
-CONFIGS = [("fused", "fused", None), ("cascade", "cascade", None), ("fused_wgmma", "fused", "wgmma"),
-           ("fused_tma", "fused", "tma"), ("fused_mma", "fused", "mma"),
+CONFIGS = [("fused", "fused", None), ("cascade", "cascade", None), ("fused_tma_seq", "fused", "tma_seq"),
+           ("fused_wgmma", "fused", "wgmma"), ("fused_tma", "fused", "tma"), ("fused_mma", "fused", "mma"),
            ("naive", "naive", None), ("torch", "torch", None)]
 OPTIONAL = ("fused_tma", "fused_mma")  # dropped first when the time budget runs short
 ESSENTIAL = ("fused", "cascade")  # run even past the time budget
@@ -195,7 +195,8 @@ def main(argv=None) -> int:
     for r in timed:
         key = (r["B"], r["N"], r["H"], r["P"])
         best.setdefault(key, {})[r["config"]] = r
-    print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} roof {default:>14s} {'cascade':>14s} {'wgmma':>9s} {'mma':>9s}")
+    print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} roof {default:>14s} {'cascade':>14s} {'tma_seq':>9s} {'wgmma':>9s} "
+          f"{'mma':>9s}")
     for (B, N, H, P), c in best.items():
         def cell(name, frac=True, c=c):
             r = c.get(name)
@@ -204,7 +205,7 @@ def main(argv=None) -> int:
             return f"{r['us']:.0f} ({r['frac_roof']:.2f})" if frac else f"{r['us']:.0f}"
         roof = next(iter(c.values()))["roof"]
         print(f"{B:3d} {N:4d} {H:3d} {P:6d} {roof:4s} {cell('fused'):>14s} {cell('cascade'):>14s} "
-              f"{cell('fused_wgmma', False):>9s} {cell('fused_mma', False):>9s}")
+              f"{cell('fused_tma_seq', False):>9s} {cell('fused_wgmma', False):>9s} {cell('fused_mma', False):>9s}")
     print(f"wrong: {sum(1 for r in rows if r['skip'].startswith('WRONG'))}, skipped: "
           f"{sum(1 for r in rows if r['skip'] and not r['skip'].startswith('WRONG'))}, wall {time.monotonic() - t_start:.0f} s")
     return 0 if ok else 1

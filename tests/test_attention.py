@@ -457,6 +457,173 @@ def test_tma_protocol_model_catches_a_missing_wait(bug, message):
                 _tma_run(n, True, seed, bug=bug)
 
 
+
+# The synchronisation of cuda/verify_attention_pair.cu as a model: the two warpgroups' programs over
+# the per-box full barriers (a stage's boxes 0-3, "lo", and 4-8, "hi", each loaded and waited as one
+# here) and SCALE0 / SCALE1 / P0 / P1, each warpgroup one arrival unit; TMA landings and wgmma groups finishing
+# at random times, random interleavings. Every wgmma group checks at issue and when waited for that
+# its stage boxes and P buffer hold its tile (the last tile's tail rows zeroed); every load and P
+# write that no wgmma group still reads what it overwrites; every softmax that it reads the running
+# max (and the P V its rescale factor) of the tile before.
+
+def _pair_run(n, seed, bug=None, tail=True):
+    rnd = random.Random(seed)
+    bars = {("full", s, g): _MBarrier(1) for s in (0, 1) for g in ("lo", "hi")}
+    bars |= {(name, w): _MBarrier(1) for name in ("scale", "p") for w in (0, 1)}
+    stage = {(s, g): None for s in (0, 1) for g in ("lo", "hi")}  # (tile, landed, tail rows zeroed)
+    pbuf = {0: None, 1: None}                                     # sP0 (P_A), sP1 (P_B)
+    stats = {"max": -1, "scale0": None, "scale1": None}
+    inflight = {0: [], 1: []}                                     # wgmma groups: [(what, tile, boxes, pbuf)]
+    landing = []
+    last_is_tail = tail and n > 0
+
+    def wait(key, phase):
+        yield ("wait", bars[key], phase, str(key))
+
+    def check(g):
+        what, t, boxes, pb = g
+        for box in boxes:
+            want = (t, True, last_is_tail and t == n - 1)
+            assert stage[(t & 1, box)] == want, f"{what}({t}) reads {box} of stage {t & 1} holding {stage[(t & 1, box)]}"
+        assert pb is None or pbuf[pb] == t, f"{what}({t}) reads sP{pb} holding P({pbuf[pb]})"
+
+    def issue(wg, what, t, boxes, pb=None):
+        g = (what, t, boxes, pb)
+        check(g)
+        inflight[wg].append(g)
+
+    def retire(wg, keep=0):
+        while len(inflight[wg]) > keep:
+            check(inflight[wg].pop(0))
+        yield ("step",)
+
+    def reading(s, boxes):
+        return [g for w in (0, 1) for g in inflight[w] if g[1] & 1 == s and set(g[2]) & set(boxes)]
+
+    def load(t, box):
+        assert not reading(t & 1, [box]), f"loading {box} of tile {t} over {reading(t & 1, [box])}"
+        stage[(t & 1, box)] = (t, False, False)
+        bars[("full", t & 1, box)].arrive(tx=1)
+        landing.append((t, box))
+
+    def write_p(b, t):
+        users = [g for w in (0, 1) for g in inflight[w] if g[3] == b]
+        assert not users, f"P({t}) written into sP{b} under {users}"
+        pbuf[b] = t
+
+    def s_issue(wg, t, boxes, zero_tail=True):
+        if zero_tail and last_is_tail and t == n - 1:  # pair_s_begin: the whole tile, then its tail rows
+            for box in ("lo", "hi"):
+                yield from wait(("full", t & 1, box), t >> 1)
+            assert not reading(t & 1, ["lo", "hi"]), f"tile {t} zeroed under {reading(t & 1, ['lo', 'hi'])}"
+            for box in ("lo", "hi"):
+                stage[(t & 1, box)] = (t, True, True)
+        for box in boxes:
+            yield from wait(("full", t & 1, box), t >> 1)
+            issue(wg, "S", t, [box])
+            yield ("step",)
+
+    pairs = [(a, a + 1 < n, a + 2 < n, a + 3 < n) for a in range(0, n, 2)]  # a, has_b, next_a, next_b
+
+    def softmax(wg, t):
+        assert stats["max"] == t - 1, f"wg{wg}: softmax of tile {t} on the running max of tile {stats['max']}"
+        stats.update(max=t, **{f"scale{wg}": t})
+
+    def wg0():
+        if n > 0:
+            yield from s_issue(0, 0, ["lo", "hi"])
+            yield from retire(0)
+        for a, has_b, next_a, next_b in pairs:
+            softmax(0, a)
+            bars[("scale", 0)].arrive()
+            yield ("step",)
+            issue(0, "PV_L", a, ["lo"])  # P_A from registers
+            yield from retire(0)
+            if next_a:
+                load(a + 2, "lo")
+            if has_b:
+                if bug != "no_scale1_wait":
+                    yield from wait(("scale", 1), a >> 1)
+                assert stats["scale1"] == a + 1, f"wg0: P_A scaled by the rescale of tile {stats['scale1']}"
+                write_p(0, a)
+                bars[("p", 0)].arrive()
+                yield from wait(("p", 1), a >> 1)
+                yield from wait(("full", 1, "lo"), a >> 1)
+                issue(0, "PV_L", a + 1, ["lo"], 1)
+                if next_a:
+                    yield from s_issue(0, a + 2, ["lo"])
+                    yield from retire(0, keep=1)
+                    if next_b:
+                        load(a + 3, "lo")
+                    yield from s_issue(0, a + 2, ["hi"], zero_tail=False)
+            else:
+                write_p(0, a)
+                bars[("p", 0)].arrive()
+            yield from retire(0)
+
+    def wg1():
+        if n > 1:
+            yield from s_issue(1, 1, ["hi", "lo"])
+            yield from retire(1)
+        for a, has_b, next_a, next_b in pairs:
+            yield from wait(("scale", 0), a >> 1)
+            assert stats["scale0"] == a, f"wg1: O rescaled by the factor of tile {stats['scale0']}"
+            if has_b:
+                softmax(1, a + 1)
+                bars[("scale", 1)].arrive()
+                yield ("step",)
+                write_p(1, a + 1)
+                bars[("p", 1)].arrive()
+                issue(1, "PV_R", a + 1, ["hi"])  # P_B from registers
+            yield from wait(("p", 0), a >> 1)
+            yield from wait(("full", 0, "hi"), a >> 1)
+            issue(1, "PV_R", a, ["hi"], 0)
+            if has_b:
+                yield from retire(1, keep=1)
+                if next_b:
+                    load(a + 3, "hi")
+            if bug != "early_load":
+                yield from retire(1)
+            if next_a:
+                load(a + 2, "hi")
+            yield from retire(1)
+            if next_b:
+                yield from s_issue(1, a + 3, ["hi", "lo"])
+                yield from retire(1)
+
+    for t in range(min(n, 2)):  # the prologue's loads (thread 0, before either program)
+        for box in ("lo", "hi"):
+            load(t, box)
+
+    def land(ev):
+        t, box = ev
+        landing.remove(ev)
+        assert stage[(t & 1, box)] == (t, False, False), f"{box} of tile {t} lands on {stage[(t & 1, box)]}"
+        stage[(t & 1, box)] = (t, True, False)
+        bars[("full", t & 1, box)].complete_tx(1)
+
+    _mb_schedule({0: wg0(), 1: wg1()}, rnd, n, lambda: list(landing), land)
+
+
+@pytest.mark.parametrize("tail", [True, False], ids=["tail", "whole"])
+def test_pair_protocol_model(tail):
+    """No deadlock, no barrier a phase off its waiter, no stale, overwritten or unzeroed data."""
+    for n in range(0, 12):
+        for seed in range(60):
+            _pair_run(n, seed, tail=tail)
+
+
+@pytest.mark.parametrize("bug, message", [("no_scale1_wait", "rescale of tile|under|reads sP"),
+                                          ("early_load", "loading hi of tile")])
+def test_pair_protocol_model_catches_a_missing_wait(bug, message):
+    """The model fails the protocol without wg0's SCALE1 wait, or with wg1 loading the next A's boxes
+    before its P V of A is done."""
+    with pytest.raises(AssertionError, match=message):
+        for seed in range(200):
+            for n in (3, 5):
+                _pair_run(n, seed, bug=bug)
+
+
 # ---------------------------------------------------------------- GPU
 
 gpu = pytest.mark.gpu

@@ -355,7 +355,7 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
 
     plan = _plan(variant, B, N, H, S, num_sms, impl, splits, layout)
     # rows_n entries carry their warpgroup split as a suffix (verify_fused_rows_n24...)
-    # the wgmma kernels (v4 and the v6 tma pair) move the same tiles; the name joins the counters
+    # the wgmma kernels (v4, the v6 tma kernels, v8 pair) move the same tiles; the name joins the counters
     kernel = {"rows_n": "verify_fused_rows_n"}.get(plan.layout,
                                                   "verify_fused" if plan.impl == "mma" else f"verify_fused_{plan.impl}")
     row_tiles = math.ceil(N * H / plan.tile_rows)       # per sequence; each reads its KV range once
