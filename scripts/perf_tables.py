@@ -3,6 +3,7 @@
     python scripts/perf_tables.py verify-grid results/verify_table_h200/49e9c69
     python scripts/perf_tables.py moe results/moe/h200_05_0f96448
     python scripts/perf_tables.py ncu-kernels results/moe/t1_h200/ncu/ncu_moe_t1.csv
+    python scripts/perf_tables.py counters results/counters_h200/d22219d
     python scripts/perf_tables.py moe-ab results/moe/ab_h200/bf84d0f/ab.log
     python scripts/perf_tables.py moe-trace results/moe/trace_h200/bf84d0f/trace_moe_T1.npz
 
@@ -18,6 +19,9 @@ breakdown, the step model's validation and its best budgets per prefix.
 ncu-kernels: one row per profiled launch of an Nsight Compute ``--csv`` export taken with
 ``--metrics`` (one row per launch and metric): its time, DRAM bytes read, DRAM throughput, the
 share of its cycles the SMs were active, and its grid, for the metrics the export holds.
+
+counters: ``kdtree profile``'s Nsight Compute table (``counters.parquet``): per launch its time, DRAM
+bytes read against the cost model, L2 -> SM bytes, tensor-pipe activity, occupancy and FLOPs.
 
 moe-ab, attention-ab: ``scripts/moe_ab.py``'s / ``scripts/attention_ab.py``'s output: per T (per
 shape) the medians of both passes of each tree, and each tree's mean over the two against the first
@@ -76,6 +80,26 @@ def verify_grid(run: str) -> str:
         if r.empty:  # a grid from before that kernel existed
             continue
         out.append(f"| `{other}` | {len(r)} | {int((r > 1).sum())} | {_spread(r)} |")
+    return "\n".join(out)
+
+
+def counters(run: str) -> str:
+    """``kdtree profile``'s ``counters.parquet`` (Nsight Compute, one row per launch): time under
+    ncu, DRAM bytes read against the cost model, the bytes the SMs received from the L2, the
+    tensor pipe's active share, achieved occupancy, and the tensor FLOPs counted against the
+    model's."""
+    folder = Path(run)
+    d = pd.read_parquet(folder / "counters.parquet")
+    meta = json.loads((folder / "counters.meta.json").read_text())
+    out = [f"From `{run}` ({meta.get('device', '?')}, commit {meta.get('git_sha', '?')}; Nsight Compute, one "
+           "launch per row).", "",
+           "| B, N, H, P | variant | kernel (splits) | us | DRAM read MB (model) | L2 -> SM MB | tensor pipe active "
+           "| achieved occupancy | tensor FLOPs / model |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in d.itertuples():
+        flops = f"{r.tensor_flops / r.model_flops_exec:.2f}" if r.model_flops_exec else "-"
+        out.append(f"| {r.batch}, {r.q_len}, {r.heads}, {r.prefix} | {r.variant} | {r.kernel_name} ({r.splits}) | "
+                   f"{r.duration_us:.1f} | {r.dram_read / 1e6:.1f} ({r.model_dram_read / 1e6:.1f}) | "
+                   f"{r.l2_read_sm / 1e6:.1f} | {r.hmma_active_pct:.1f}% | {r.occupancy_pct:.1f}% | {flops} |")
     return "\n".join(out)
 
 
@@ -201,8 +225,8 @@ def moe_trace(npz: str) -> str:
 
 
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "moe-ab": ab, "attention-ab": ab,
-             "moe-trace": moe_trace}
+    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "counters": counters,
+             "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
