@@ -30,10 +30,13 @@
 // Shared memory is the v6 kernel's: the rope columns of Q (box 8 of the Q tile) move into
 // registers once (RS wgmma for S's last four k-steps), and that box holds P_B (sP1) from then on.
 // Rows of the last tile past the KV range end are zeroed by the tile's S warpgroup once the whole
-// tile landed (as in verify_attention_tma.cu), before any product reads it.
+// tile landed (as in verify_attention_tma.cu), before any product reads it. With -DATT_TRACE
+// (cuda/attention_trace.cuh) thread 0 of each warpgroup records its handoffs in the first blocks
+// (scripts/trace_attention.py); without it the kernel is unchanged.
 #include "attention_common.cuh"
 #include "attention_pingpong.cuh"
 #include "attention_tile.cuh"
+#include "attention_trace.cuh"
 #include "attention_wgmma.cuh"
 
 #define PAIR_THREADS 256
@@ -69,11 +72,14 @@ __device__ __forceinline__ void pair_load(const AttTensorMap* map, att_u32 sKV, 
 // The four k-steps of S over box b of the tile in stage sK, once the box landed; the rope box
 // (8) takes Q from registers. FIRST: the chain's first k-step overwrites s (no register is written
 // outside wgmma while another warpgroup-level product is in flight: ptxas would serialise them).
-template <int BOX, bool FIRST>
+// The trace records when the tile's first box (FIRST) and its last (LAST) were seen landed.
+template <int BOX, bool FIRST, bool LAST>
 __device__ __forceinline__ void pair_s_box(float (&s)[8][4], const att_u32 (&qr)[4][4], att_u32 sQ, att_u32 sK,
-                                           att_u32 full, int par) {
+                                           att_u32 full, int par, AttTrace& tr, int i) {
   static_assert(!(FIRST && BOX == PAIR_BOXES - 1), "S starts on a box of Q in shared memory");
   mb_wait(full, par);
+  if (FIRST) att_trace_rec(tr, ATT_EV_FULL_WAIT, i);
+  if (LAST) att_trace_rec(tr, ATT_EV_LANDED, i);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const att_u64 dk = wg_desc(sK + BOX * PAIR_BOX_BYTES + 32 * kk, 16, 1024);
@@ -85,19 +91,21 @@ __device__ __forceinline__ void pair_s_box(float (&s)[8][4], const att_u32 (&qr)
 }
 
 // Boxes B0 .. B0 + NB - 1 (mod 9) of S for split tile i, as one committed wgmma group; FIRST: the
-// chain starts here.
-template <int B0, int NB, bool FIRST>
+// chain starts here, LAST: it ends here (S issued: a trace record).
+template <int B0, int NB, bool FIRST, bool LAST>
 __device__ __forceinline__ void pair_s_part(float (&s)[8][4], const att_u32 (&qr)[4][4], att_u32 sQ, att_u32 sKV,
-                                            att_u32 sBar, int i) {
+                                            att_u32 sBar, int i, AttTrace& tr) {
   const int st = i & 1, par = (i >> 1) & 1;
   const att_u32 sK = sKV + st * FUSED_SMEM_KV;
   wg_fence();
 #define PAIR_BOX(n) \
   if (NB > n)                                                                                            \
-    pair_s_box<(B0 + n) % PAIR_BOXES, FIRST && n == 0>(s, qr, sQ, sK, pair_full(sBar, st, (B0 + n) % PAIR_BOXES), par);
+    pair_s_box<(B0 + n) % PAIR_BOXES, FIRST && n == 0, LAST && n == NB - 1>(                            \
+        s, qr, sQ, sK, pair_full(sBar, st, (B0 + n) % PAIR_BOXES), par, tr, i);
   PAIR_BOX(0) PAIR_BOX(1) PAIR_BOX(2) PAIR_BOX(3) PAIR_BOX(4) PAIR_BOX(5) PAIR_BOX(6) PAIR_BOX(7) PAIR_BOX(8)
 #undef PAIR_BOX
   wg_commit();
+  if (LAST) att_trace_rec(tr, ATT_EV_S_ISSUED, i);
 }
 
 // Before the first k-step of S on split tile i: if the tile is the range's cut-short last one, wait
@@ -112,15 +120,15 @@ __device__ __forceinline__ void pair_s_begin(att_u32 sKV, att_u32 sBar, const Fu
   }
 }
 
-// P (the softmax of s, rows r_lo / r_hi scaled by f_lo / f_hi) as the bf16 A fragments of the four
-// k-steps of P V: the S accumulator layout is the A fragment layout.
-__device__ __forceinline__ void pair_pack_p(att_u32 (&pa)[4][4], const float (&s)[8][4], float f_lo, float f_hi) {
+// P (the softmax of s) as the bf16 A fragments of the four k-steps of P V: the S accumulator layout
+// is the A fragment layout.
+__device__ __forceinline__ void pair_pack_p(att_u32 (&pa)[4][4], const float (&s)[8][4]) {
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
-    pa[t][0] = att_pack_bf16x2(s[2 * t][0] * f_lo, s[2 * t][1] * f_lo);
-    pa[t][1] = att_pack_bf16x2(s[2 * t][2] * f_hi, s[2 * t][3] * f_hi);
-    pa[t][2] = att_pack_bf16x2(s[2 * t + 1][0] * f_lo, s[2 * t + 1][1] * f_lo);
-    pa[t][3] = att_pack_bf16x2(s[2 * t + 1][2] * f_hi, s[2 * t + 1][3] * f_hi);
+    pa[t][0] = att_pack_bf16x2(s[2 * t][0], s[2 * t][1]);
+    pa[t][1] = att_pack_bf16x2(s[2 * t][2], s[2 * t][3]);
+    pa[t][2] = att_pack_bf16x2(s[2 * t + 1][0], s[2 * t + 1][1]);
+    pa[t][3] = att_pack_bf16x2(s[2 * t + 1][2], s[2 * t + 1][3]);
   }
 }
 
@@ -189,6 +197,8 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
   att_u32 qr[4][4];
   if (n > 0) pair_load_rope(qr, sQ, warp & 3, lane);
   nb_sync(PAIR_NB_ALL, PAIR_THREADS);  // every rope fragment is read before box 8 holds P_B
+  AttTrace tr = att_trace_open(wg, wtid == 0);
+  att_trace_start(tr);
 
   float l_lo = 0.f, l_hi = 0.f;
   float s[8][4];  // S of the warpgroup's tile (m64n64 accumulators: n8 tile nt, rows r_lo / r_hi)
@@ -197,27 +207,36 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
   if (wg == 0) {
     if (n > 0) {
       pair_s_begin(sKV, sBar, k, 0, 0, wtid);
-      pair_s_part<0, PAIR_BOXES, true>(s, qr, sQ, sKV, sBar, 0);
+      pair_s_part<0, PAIR_BOXES, true, true>(s, qr, sQ, sKV, sBar, 0, tr);
     }
     wg_wait_all();
     wg_pin<32>(&s[0][0]);
+    att_trace_rec(tr, ATT_EV_S_DONE, 0);
     for (int a = 0; a < n; a += 2) {
       const int par = (a >> 1) & 1;
       const bool has_b = a + 1 < n, next_a = a + 2 < n, next_b = a + 3 < n;
       float mx_lo, mx_hi;
       fused_scale_mask_max(s, k, k.lo + (k.kt0 + a) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
+      att_trace_rec(tr, ATT_EV_MASKED, a);
       float m_lo = sM[r_lo], m_hi = sM[r_hi];
       const float aa_lo = fused_softmax_row<0>(s, mx_lo, m_lo, l_lo);
       const float aa_hi = fused_softmax_row<2>(s, mx_hi, m_hi, l_hi);
       pp_publish_stats(sM, sScale0, m_lo, m_hi, aa_lo, aa_hi, r_lo, r_hi, tig);
       mb_arrive(sBar + 8 * PAIR_SCALE0);
-      pair_pack_p(pa, s, 1.f, 1.f);
+      att_trace_rec(tr, ATT_EV_PUB, a);
+      pair_pack_p(pa, s);
       pair_issue_pv_rs(o, aa_lo, aa_hi, pa, sK0, 0);
+      att_trace_rec(tr, ATT_EV_PV_ISSUED, a);
       wg_wait_all();
       wg_pin<128>(o);
-      if (next_a && wtid == 0) pair_load(map, sKV, sBar, row0, a + 2, 0, 4);
+      att_trace_rec(tr, ATT_EV_PV_DONE, a);
+      if (next_a && wtid == 0) {
+          pair_load(map, sKV, sBar, row0, a + 2, 0, 4);
+          att_trace_rec(tr, ATT_EV_TMA_ISSUED, a + 2);
+        }
       if (has_b) {
         mb_wait(sBar + 8 * PAIR_SCALE1, par);
+        att_trace_rec(tr, ATT_EV_PUB_WAIT, a + 1);
         const float ab_lo = sScale1[r_lo], ab_hi = sScale1[r_hi];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -232,14 +251,20 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
         l_lo *= ab_lo;
         l_hi *= ab_hi;
         mb_wait(sBar + 8 * PAIR_P1, par);
+        att_trace_rec(tr, ATT_EV_FREE_WAIT, a + 1);
         for (int b = 0; b < 4; ++b) mb_wait(pair_full(sBar, 1, b), par);
         pp_issue_pv(o, ab_lo, ab_hi, wg_desc(sP1, 16, 1024), sK1, 0);
+        att_trace_rec(tr, ATT_EV_PV_ISSUED, a + 1);
         if (next_a) {  // S of the next A on the boxes this warpgroup loaded, then (P_B V_B done) the rest
           pair_s_begin(sKV, sBar, k, a + 2, 0, wtid);
-          pair_s_part<0, 4, true>(s, qr, sQ, sKV, sBar, a + 2);
+          pair_s_part<0, 4, true, false>(s, qr, sQ, sKV, sBar, a + 2, tr);
           wg_wait_one();
-          if (next_b && wtid == 0) pair_load(map, sKV, sBar, row0, a + 3, 0, 4);
-          pair_s_part<4, PAIR_BOXES - 4, false>(s, qr, sQ, sKV, sBar, a + 2);
+          att_trace_rec(tr, ATT_EV_PV_DONE, a + 1);
+          if (next_b && wtid == 0) {
+          pair_load(map, sKV, sBar, row0, a + 3, 0, 4);
+          att_trace_rec(tr, ATT_EV_TMA_ISSUED, a + 3);
+        }
+          pair_s_part<4, PAIR_BOXES - 4, false, true>(s, qr, sQ, sKV, sBar, a + 2, tr);
         }
       } else {
         fused_store_p(s, sP0, r_lo, r_hi, 0, tig);  // the last tile: P_A against m_A
@@ -249,18 +274,21 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
       wg_wait_all();
       wg_pin<128>(o);
       wg_pin<32>(&s[0][0]);
+      att_trace_rec(tr, ATT_EV_S_DONE, a + 2);
     }
   } else {
     if (n > 1) {
       pair_s_begin(sKV, sBar, k, 1, 1, wtid);
-      pair_s_part<4, PAIR_BOXES, true>(s, qr, sQ, sKV, sBar, 1);
+      pair_s_part<4, PAIR_BOXES, true, true>(s, qr, sQ, sKV, sBar, 1, tr);
     }
     wg_wait_all();
     wg_pin<32>(&s[0][0]);
+    att_trace_rec(tr, ATT_EV_S_DONE, 1);
     for (int a = 0; a < n; a += 2) {
       const int par = (a >> 1) & 1;
       const bool has_b = a + 1 < n, next_a = a + 2 < n, next_b = a + 3 < n;
       mb_wait(sBar + 8 * PAIR_SCALE0, par);
+      att_trace_rec(tr, ATT_EV_PUB_WAIT, a);
       const float aa_lo = sScale0[r_lo], aa_hi = sScale0[r_hi];
       float ab_lo = 1.f, ab_hi = 1.f;
       l_lo *= aa_lo;
@@ -271,37 +299,52 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
         float mx_lo, mx_hi;
         fused_scale_mask_max(s, k, k.lo + (k.kt0 + a + 1) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo,
                              mx_hi);
+        att_trace_rec(tr, ATT_EV_MASKED, a + 1);
         float m_lo = sM[r_lo], m_hi = sM[r_hi];
         ab_lo = fused_softmax_row<0>(s, mx_lo, m_lo, l_lo);
         ab_hi = fused_softmax_row<2>(s, mx_hi, m_hi, l_hi);
         pp_publish_stats(sM, sScale1, m_lo, m_hi, ab_lo, ab_hi, r_lo, r_hi, tig);
         mb_arrive(sBar + 8 * PAIR_SCALE1);
+        att_trace_rec(tr, ATT_EV_PUB, a + 1);
         fused_store_p(s, sP1, r_lo, r_hi, 0, tig);  // P_B, for wg0
         att_fence_proxy_async();
         mb_arrive(sBar + 8 * PAIR_P1);
-        pair_pack_p(pa, s, 1.f, 1.f);
+        pair_pack_p(pa, s);
         pair_issue_pv_rs(o, ab_lo, ab_hi, pa, sK1, 1);
+        att_trace_rec(tr, ATT_EV_PV_ISSUED, a + 1);
       }
       mb_wait(sBar + 8 * PAIR_P0, par);
+      att_trace_rec(tr, ATT_EV_FREE_WAIT, a);
       for (int b = 4; b < 8; ++b) mb_wait(pair_full(sBar, 0, b), par);  // V_A's boxes (landed before S_A)
       pp_pv_steps(o, wg_desc(sP0, 16, 1024), sK0, 1);  // (with B: while B's P V runs)
+      att_trace_rec(tr, ATT_EV_PV_ISSUED, a);
       if (has_b) {
         wg_wait_one();
-        if (next_b && wtid == 0) pair_load(map, sKV, sBar, row0, a + 3, 4, PAIR_BOXES);
+        att_trace_rec(tr, ATT_EV_PV_DONE, a + 1);
+        if (next_b && wtid == 0) {
+          pair_load(map, sKV, sBar, row0, a + 3, 4, PAIR_BOXES);
+          att_trace_rec(tr, ATT_EV_TMA_ISSUED, a + 3);
+        }
       }
       wg_wait_all();
       wg_pin<128>(o);
-      if (next_a && wtid == 0) pair_load(map, sKV, sBar, row0, a + 2, 4, PAIR_BOXES);
+      att_trace_rec(tr, ATT_EV_PV_DONE, a);
+      if (next_a && wtid == 0) {
+          pair_load(map, sKV, sBar, row0, a + 2, 4, PAIR_BOXES);
+          att_trace_rec(tr, ATT_EV_TMA_ISSUED, a + 2);
+        }
       if (next_b) {
         pair_s_begin(sKV, sBar, k, a + 3, 1, wtid);
-        pair_s_part<4, PAIR_BOXES, true>(s, qr, sQ, sKV, sBar, a + 3);
+        pair_s_part<4, PAIR_BOXES, true, true>(s, qr, sQ, sKV, sBar, a + 3, tr);
       }
       wg_wait_all();
       wg_pin<32>(&s[0][0]);
+      att_trace_rec(tr, ATT_EV_S_DONE, a + 3);
     }
   }
   pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
                    PAIR_NB_ALL);
+  att_trace_rec(tr, ATT_EV_END, n);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

@@ -1,8 +1,10 @@
 """Where a warp-specialised verify kernel's time goes, tile by tile (GPU host, sm_90a).
 
-Builds ``cuda/verify_attention_tma.cu`` with ``-DATT_TRACE`` (``cuda/attention_trace.cuh``: the
-first 8 blocks record clock64 at every handoff of the consumer warpgroups, the producer and a
-watcher on the full barriers), checks the traced kernel against float64, times it and the
+Builds ``cuda/verify_attention_tma.cu`` (impl ``tma`` / ``tma_seq``: the first 8 blocks record
+clock64 at every handoff of the consumer warpgroups, the producer and a watcher on the full
+barriers) or ``cuda/verify_attention_pair.cu`` (impl ``pair``: thread 0 of each warpgroup at its
+handoffs, loads issued, and when S saw a tile's first and last box landed) with ``-DATT_TRACE``
+(``cuda/attention_trace.cuh``), checks the traced kernel against float64, times it and the
 untraced kernel by CUDA-graph replay (what the trace costs), then runs it once after an L2 flush
 and reads the records back. Prints, per shape, the median of each interval over the blocks'
 steady-state tiles (first and last two left out) and one block's timeline around its middle tile;
@@ -35,20 +37,25 @@ EXTRA = dict(kv.split("=", 1) for kv in os.environ.get("DEFINES", "").split(",")
 TRACE = {"ATT_TRACE": 1, **EXTRA}
 
 
-def traced_module():
-    """The traced tma module: the same cached instance whose kernels the patched launch runs."""
-    src = attention._SRC_TMA
+def source(impl: str) -> str:
+    """The source file (``cuda/<name>.cu``) of a traced kernel."""
+    return attention._SRC_PAIR if impl == "pair" else attention._SRC_TMA
+
+
+def traced_module(impl: str):
+    """The traced module of ``impl``: the same cached instance whose kernels the patched launch runs."""
+    src = source(impl)
     key = hashlib.sha256(kernels.read_source(src).encode()).hexdigest()
     return kernels._module(src, kernels.define_options(TRACE), "nvcc", "sm_90a", key)
 
 
-def use_trace(on: bool) -> None:
-    """Route the tma kernels' look-up to the traced build (on) or back to the package's."""
+def use_trace(on: bool, impl: str) -> None:
+    """Route the kernel look-up of ``impl``'s source to the traced build (on) or back to the package's."""
     if not hasattr(attention, "_kernel_untraced"):
         attention._kernel_untraced = attention._kernel
 
     def lookup(name, index, src=attention._SRC, compiler="nvrtc", defines=TRACE if on else EXTRA):
-        if src == attention._SRC_TMA and defines:
+        if src == source(impl) and defines:
             return kernels.get_kernel(src, name, defines, device=index, compiler=compiler)
         return attention._kernel_untraced(name, index, src, compiler)
 
@@ -75,11 +82,12 @@ def parse_records(raw: np.ndarray) -> list[dict[str, list[tuple[int, str, int]]]
     return blocks
 
 
-def summary(blocks: list[dict], mhz: float) -> dict[str, np.ndarray]:
-    """Every interval of :func:`intervals` over the steady-state tiles of all traced blocks (us)."""
+def summary(blocks: list[dict], mhz: float, impl: str) -> dict[str, np.ndarray]:
+    """Every interval of :func:`intervals` (:func:`pair_intervals` for ``pair``) over the
+    steady-state tiles of all traced blocks (us)."""
     merged: dict[str, list[float]] = {}
     for roles in blocks:
-        for k, v in intervals(roles, mhz).items():
+        for k, v in (pair_intervals if impl == "pair" else intervals)(roles, mhz).items():
             merged.setdefault(k, []).extend(v)
     return {k: np.array(v) for k, v in merged.items()}
 
@@ -120,6 +128,53 @@ def intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
     return out
 
 
+def pair_intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
+    """Per steady-state pair of tiles (A = a, B = a + 1) of the pair kernel, the intervals (us)
+    between the handoffs of one block (wg0 computes S_A, wg1 S_B; each does both P V)."""
+    at = {}
+    for role, recs in roles.items():
+        for c, ev, t in recs:
+            at.setdefault((role, ev, t), c)
+    n = 1 + max((t for (r, ev, t) in at if ev == "s_done"), default=-1)
+    out: dict[str, list[float]] = {}
+
+    def put(name, a, b):
+        if a is not None and b is not None:
+            out.setdefault(name, []).append((b - a) / mhz)
+
+    for a in range(2, n - 4, 2):
+        def g(role, ev, t):
+            return at.get((role, ev, t))
+        for name, x, y in [
+            ("wg0: S_A issued (boxes waited) -> done", ("wg0", "s_issued", a), ("wg0", "s_done", a)),
+            ("wg0: S_A done -> masked", ("wg0", "s_done", a), ("wg0", "masked", a)),
+            ("wg0: masked -> SCALE0 (softmax)", ("wg0", "masked", a), ("wg0", "pub", a)),
+            ("wg0: SCALE0 -> P_A V issued", ("wg0", "pub", a), ("wg0", "pv_issued", a)),
+            ("wg0: P_A V issued -> done", ("wg0", "pv_issued", a), ("wg0", "pv_done", a)),
+            ("wg0: P_A V done -> SCALE1 seen", ("wg0", "pv_done", a), ("wg0", "pub_wait", a + 1)),
+            ("wg0: SCALE1 seen -> P1 seen (P_A stored)", ("wg0", "pub_wait", a + 1), ("wg0", "free_wait", a + 1)),
+            ("wg0: P1 seen -> P_B V issued", ("wg0", "free_wait", a + 1), ("wg0", "pv_issued", a + 1)),
+            ("wg0: P_B V issued -> done", ("wg0", "pv_issued", a + 1), ("wg0", "pv_done", a + 1)),
+            ("wg0: P_B V issued -> next S_A issued", ("wg0", "pv_issued", a + 1), ("wg0", "s_issued", a + 2)),
+            ("wg0: next A boxes 0-3 loaded -> first seen", ("wg0", "tma_issued", a + 2), ("wg0", "full_wait", a + 2)),
+            ("wg1: next A boxes 4-8 loaded -> last seen (wg0)", ("wg1", "tma_issued", a + 2), ("wg0", "landed", a + 2)),
+            ("wg1: S_B done -> SCALE0 seen", ("wg1", "s_done", a + 1), ("wg1", "pub_wait", a)),
+            ("wg1: SCALE0 seen -> masked", ("wg1", "pub_wait", a), ("wg1", "masked", a + 1)),
+            ("wg1: masked -> SCALE1 (softmax)", ("wg1", "masked", a + 1), ("wg1", "pub", a + 1)),
+            ("wg1: SCALE1 -> P_B V issued (P_B stored)", ("wg1", "pub", a + 1), ("wg1", "pv_issued", a + 1)),
+            ("wg1: P_B V issued -> P0 seen", ("wg1", "pv_issued", a + 1), ("wg1", "free_wait", a)),
+            ("wg1: P0 seen -> P_A V issued", ("wg1", "free_wait", a), ("wg1", "pv_issued", a)),
+            ("wg1: P_B V issued -> done", ("wg1", "pv_issued", a + 1), ("wg1", "pv_done", a + 1)),
+            ("wg1: P_A V issued -> done", ("wg1", "pv_issued", a), ("wg1", "pv_done", a)),
+            ("wg1: next B boxes 4-8 loaded -> first seen", ("wg1", "tma_issued", a + 3), ("wg1", "full_wait", a + 3)),
+            ("wg0: next B boxes 0-3 loaded -> last seen (wg1)", ("wg0", "tma_issued", a + 3), ("wg1", "landed", a + 3)),
+            ("wg1: next S_B issued -> done", ("wg1", "s_issued", a + 3), ("wg1", "s_done", a + 3)),
+            ("pair period (S_A done -> next S_A done)", ("wg0", "s_done", a), ("wg0", "s_done", a + 2)),
+        ]:
+            put(name, g(*x), g(*y))
+    return out
+
+
 def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +194,7 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
 
         res = {}
         for on in (False, True)[:1 + (os.environ.get("TRACE", "1") != "0")]:
-            use_trace(on)
+            use_trace(on, impl)
             rel, _ = check("fused", q, kv, pl, tree)
             t = time_graph(run, reps=10, calls_per_graph=1, warmup=2, l2="cold")
             res[on] = t
@@ -147,24 +202,24 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
                   f"{t.median_us:8.1f} us [{t.p20_us:.1f}, {t.p80_us:.1f}] at {t.sm_clock_mhz:.0f} MHz, rel err {rel:.1e}")
         if True not in res:
             continue
-        mod = traced_module()
+        mod = traced_module(impl)
         import cupy
         cupy.cuda.runtime.memset(int(mod.get_global("att_trace").ptr), 0, BLOCKS * len(ROLES) * N_REC * 16)
         flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
         flush.zero_()
         run()
         torch.cuda.synchronize()
-        use_trace(False)
+        use_trace(False, impl)
         raw = read_records(mod)
         np.savez_compressed(out / f"trace_{impl}_{B}_{N}_{H}_{P}.npz", raw=raw, mhz=res[True].sm_clock_mhz)
         mhz = res[True].sm_clock_mhz
         blocks = parse_records(raw)
         print(f"  steady-state tiles of {BLOCKS} blocks, median [p10, p90] us at {mhz:.0f} MHz:")
-        for k, a in summary(blocks, mhz).items():
+        for k, a in summary(blocks, mhz, impl).items():
             print(f"    {k:58s} {np.median(a):7.3f} [{np.percentile(a, 10):.3f}, {np.percentile(a, 90):.3f}]  n={a.size}")
         roles = blocks[0]
         t0 = min(c for recs in roles.values() for c, _, _ in recs)
-        n = 1 + max((t for c, ev, t in roles["producer"] if ev == "tma_issued"), default=0)
+        n = 1 + max((t for recs in roles.values() for c, ev, t in recs if ev not in ("start", "end")), default=0)
         mid = n // 2
         print(f"  block 0, tiles {mid - 1}..{mid + 1} of {n} (us from the block's first record):")
         evs = sorted((c, r, ev, t) for r, recs in roles.items() for c, ev, t in recs if mid - 1 <= t <= mid + 1)
