@@ -120,15 +120,15 @@ __device__ __forceinline__ void pair_s_begin(att_u32 sKV, att_u32 sBar, const Fu
   }
 }
 
-// P (the softmax of s) as the bf16 A fragments of the four k-steps of P V: the S accumulator layout
-// is the A fragment layout.
-__device__ __forceinline__ void pair_pack_p(att_u32 (&pa)[4][4], const float (&s)[8][4]) {
+// P (the softmax of s, rows r_lo / r_hi scaled by f_lo / f_hi) as the bf16 A fragments of the four
+// k-steps of P V: the S accumulator layout is the A fragment layout.
+__device__ __forceinline__ void pair_pack_p(att_u32 (&pa)[4][4], const float (&s)[8][4], float f_lo, float f_hi) {
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
-    pa[t][0] = att_pack_bf16x2(s[2 * t][0], s[2 * t][1]);
-    pa[t][1] = att_pack_bf16x2(s[2 * t][2], s[2 * t][3]);
-    pa[t][2] = att_pack_bf16x2(s[2 * t + 1][0], s[2 * t + 1][1]);
-    pa[t][3] = att_pack_bf16x2(s[2 * t + 1][2], s[2 * t + 1][3]);
+    pa[t][0] = att_pack_bf16x2(s[2 * t][0] * f_lo, s[2 * t][1] * f_lo);
+    pa[t][1] = att_pack_bf16x2(s[2 * t][2] * f_hi, s[2 * t][3] * f_hi);
+    pa[t][2] = att_pack_bf16x2(s[2 * t + 1][0] * f_lo, s[2 * t + 1][1] * f_lo);
+    pa[t][3] = att_pack_bf16x2(s[2 * t + 1][2] * f_hi, s[2 * t + 1][3] * f_hi);
   }
 }
 
@@ -224,7 +224,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
       pp_publish_stats(sM, sScale0, m_lo, m_hi, aa_lo, aa_hi, r_lo, r_hi, tig);
       mb_arrive(sBar + 8 * PAIR_SCALE0);
       att_trace_rec(tr, ATT_EV_PUB, a);
-      pair_pack_p(pa, s);
+      pair_pack_p(pa, s, 1.f, 1.f);
       pair_issue_pv_rs(o, aa_lo, aa_hi, pa, sK0, 0);
       att_trace_rec(tr, ATT_EV_PV_ISSUED, a);
       wg_wait_all();
@@ -309,7 +309,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
         fused_store_p(s, sP1, r_lo, r_hi, 0, tig);  // P_B, for wg0
         att_fence_proxy_async();
         mb_arrive(sBar + 8 * PAIR_P1);
-        pair_pack_p(pa, s);
+        pair_pack_p(pa, s, 1.f, 1.f);
         pair_issue_pv_rs(o, ab_lo, ab_hi, pa, sK1, 1);
         att_trace_rec(tr, ATT_EV_PV_ISSUED, a + 1);
       }

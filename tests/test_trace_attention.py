@@ -39,8 +39,8 @@ def test_the_masking_step_lost_half_the_tile_before_the_fix():
     """Before the fix the owner's scale-mask-max step took about half of a ~2.5 us tile; after it,
     a tenth of a microsecond, and the tile period shrank by about the difference."""
     key = "owner: S done -> masked (scale, mask, row max)"
-    before = TRACE["summary"](*_load("before_mask_fix"))
-    after = TRACE["summary"](*_load("after_mask_fix"))
+    before = TRACE["summary"](*_load("before_mask_fix"), "tma")
+    after = TRACE["summary"](*_load("after_mask_fix"), "tma")
     period = "tile period (landed i -> landed i+1)"
     assert np.median(before[key]) > 1.0 and np.median(after[key]) < 0.2
     assert 2.2 < np.median(before[period]) < 2.8 and np.median(after[period]) < 2.1
