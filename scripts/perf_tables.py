@@ -1,6 +1,7 @@
 """Markdown tables for the perf log, each generated from one committed run.
 
     python scripts/perf_tables.py verify-grid results/verify_table_h200/49e9c69
+    python scripts/perf_tables.py grid-waves results/verify_table_h200/d22219d
     python scripts/perf_tables.py moe results/moe/h200_05_0f96448
     python scripts/perf_tables.py ncu-kernels results/moe/t1_h200/ncu/ncu_moe_t1.csv
     python scripts/perf_tables.py counters results/counters_h200/d22219d
@@ -11,6 +12,9 @@ verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
 reach the bar, with the fraction's minimum, median and maximum, all against the ceilings that
 same run measured; then ``fused`` against ``cascade`` and against the first wgmma kernel.
+
+grid-waves: the same table's ``fused`` rows against the cost model's whole-wave roof (the tensor
+rate with whole waves of blocks counted), per head group and prefix.
 
 moe: the 05 notebook's table (``05.parquet``, ``05.meta.json``, ``ceilings.json``): the bf16
 layer's fraction of HBM bandwidth and its time per routing and T, the kernel path's stage
@@ -80,6 +84,39 @@ def verify_grid(run: str) -> str:
         if r.empty:  # a grid from before that kernel existed
             continue
         out.append(f"| `{other}` | {len(r)} | {int((r > 1).sum())} | {_spread(r)} |")
+    return "\n".join(out)
+
+
+def grid_waves(run: str) -> str:
+    """The whole-wave roof over a verify grid's ``fused`` rows (``kdtree.bench.models``: one block
+    per SM, so a launch takes at least its waves x its longest block's tiles at an SM's share of
+    the run's dense rate): per head group and prefix, the fraction of the plain dense rate, the
+    share of SM time the schedule fills with tiles, the fraction of the whole-wave roof, and the
+    time per wave beyond that roof (medians)."""
+    from kdtree.bench.models import verify_attention_cost
+
+    folder = Path(run)
+    d = pd.read_parquet(next(folder.glob("*.parquet")))
+    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    rate = meta["ceiling_bf16_flops"]
+    f = d[(d.config == "fused") & d.us.notna()].copy()
+    rows = []
+    for r in f.itertuples():
+        c = verify_attention_cost("fused", batch=r.B, nodes=r.N, heads=r.H, prefix=r.P, impl=r.impl,
+                                  splits=int(r.splits), layout=r.layout)
+        roof = c.flops_waves / rate * 1e6
+        waves = max(p.waves for p in c.parts if p.waves)
+        rows.append(dict(heads=r.H == 64, P=r.P, dense=r.frac_bf16, filled=c.flops_exec / c.flops_waves,
+                         of_roof=roof / r.us, rest=(r.us - roof) / waves))
+    t = pd.DataFrame(rows).groupby(["heads", "P"], sort=False).agg(
+        points=("dense", "size"), dense=("dense", "median"), filled=("filled", "median"), of_roof=("of_roof", "median"),
+        rest=("rest", "median")).sort_index(ascending=[False, True])
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}; `fused`, dense bf16 {rate / 1e12:.0f} "
+           "TFLOP/s measured in that run; medians per group).", "",
+           "| H | P | points | fraction of dense bf16 | SM time on tiles (whole waves) | fraction of the whole-wave roof "
+           "| us a wave beyond it |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {'64' if h else '8, 16, 32'} | {p} | {r.points:.0f} | {r.dense:.2f} | {r.filled:.2f} | {r.of_roof:.2f} | {r.rest:.1f} |"
+            for (h, p), r in t.iterrows()]
     return "\n".join(out)
 
 
@@ -225,7 +262,7 @@ def moe_trace(npz: str) -> str:
 
 
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "moe": moe, "ncu-kernels": ncu_kernels, "counters": counters,
+    kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "moe": moe, "ncu-kernels": ncu_kernels, "counters": counters,
              "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")

@@ -3,6 +3,7 @@ on CPU: FLOPs, bytes per memory level and launches as the code's launch plan mov
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,6 +13,8 @@ from kdtree.attention import SM90_IMPL, launch_plan
 from kdtree.bench import models, roofline
 from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.models import ATTN_FLOPS_PER_TOKEN as F, KV_ROW_BYTES as ROW
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # An H200-like set of ceilings (numbers of the order measured there; the tests need no GPU).
 H200 = Ceilings(device="NVIDIA H200", kind="gpu", hbm_bw=4.1e12, l2_bw=7.5e12, tensor_flops=770e12,
@@ -209,21 +212,61 @@ def test_roofs_use_hbm_bytes_l2_bytes_and_executed_flops():
     assert t["l2"] == pytest.approx(c.l2_merged / H200.l2_bw * 1e6) and c.l2_merged < c.l2_bytes
     assert t["tensor"] == pytest.approx(c.flops_exec / H200.tensor_flops * 1e6)
     assert t["launch"] == pytest.approx(c.launches * H200.launch_graph_us)
+    # 16 x 257 blocks (one split) of 261 KV tiles on 132 SMs: 32 waves, the last 15% full
+    assert t["waves"] == pytest.approx(32 * 132 * 261 * 64 * 64 * F / H200.tensor_flops * 1e6)
     r = roofline.classify_point(c, H200, t["tensor"] / 0.4, "graph", "cold", "fused", "verify_attention")
-    assert r["bound"] == "tensor" and r["fraction"] == pytest.approx(0.4)
+    assert r["bound"] == "waves" and r["fraction"] == pytest.approx(0.4 * t["waves"] / t["tensor"])
     assert "memory roofs from the model" in r["diagnosis"]
+
+
+def test_whole_waves_roof_names_the_schedule_and_the_time_beyond_it():
+    """272 blocks on 132 SMs run in three waves, the third with 8 blocks: the tensor time with
+    whole waves counted is 3 / (272 / 132) of the plain tensor roof, and the diagnosis says so."""
+    c = models.verify_attention_cost("fused", batch=16, nodes=17, heads=64, prefix=1024, impl="pair")
+    assert c.launches == 1 and c.flops_exec == 16 * 17 * 17 * 64 * 64 * F
+    t = roofline.roof_times(c, H200, "graph", "cold")
+    assert t["waves"] / t["tensor"] == pytest.approx(3 * 132 / 272)
+    r = roofline.classify_point(c, H200, 2 * t["waves"], "graph", "cold", "fused", "verify_attention")
+    assert r["bound"] == "waves" and r["fraction"] == pytest.approx(0.5)
+    assert (f"whole-wave-bound at 50% (272 blocks of up to 17 KV tiles in 3 waves of 132 take {t['waves']:.3g} us "
+            f"at the tensor-core rate, 69% of that SM time on tiles; {t['waves'] / 3:.3g} us a wave beyond it)"
+            ) in r["diagnosis"]
+    # a split call: the longest block holds ceil(tiles / splits) tiles; the combine's time is in the rest
+    s = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096, impl="pair", splits=4)
+    assert s.schedule == "132 blocks of up to 17 KV tiles in 1 wave of 132"
+    d = roofline.classify_point(s, H200, 100.0, "graph", "cold", "fused", "verify_attention")["diagnosis"]
+    assert "the call's other 1 launch included" in d
+    naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
+    assert naive.schedule == "" and "waves" not in roofline.roof_times(naive, H200, "graph", "cold")
+
+
+def test_whole_waves_roof_is_below_every_measured_time_of_a_committed_grid():
+    """A roof is a lower bound: at every fused and cascade point of the committed H200 verify grid
+    (five tile kernels, 1 to 32 splits), the whole-waves tensor time at that run's dense rate is
+    below the measured median, and within 10% of it at the longest one-split shapes."""
+    grid = pd.read_parquet(ROOT / "results" / "verify_table_h200" / "d22219d" / "verify_table_h200.parquet")
+    rate = float((grid.tflops / grid.frac_bf16).median()) * 1e12
+    rows = grid[grid.variant.isin(["fused", "cascade"]) & grid.us.notna()]
+    assert len(rows) > 1000 and set(rows.impl) == {"pair", "tma_seq", "tma", "wgmma", "mma"}
+    ratio = {}
+    for r in rows.itertuples():
+        c = models.verify_attention_cost(r.variant, batch=r.B, nodes=r.N, heads=r.H, prefix=r.P, impl=r.impl,
+                                         splits=int(r.splits), layout=r.layout)
+        ratio[(r.config, r.B, r.N, r.H, r.P)] = c.flops_waves / rate * 1e6 / r.us
+    assert max(ratio.values()) < 1.0
+    assert ratio[("fused", 16, 65, 64, 32768)] > 0.9 and ratio[("fused", 4, 129, 64, 32768)] > 0.9
 
 
 def test_counter_bytes_replace_the_models_memory_roofs():
     # B = 1, N = 33, H = 64, P = 4096 on an H200: the SMs read 184 MB from the L2 (as modelled), the
-    # slices served 74.5 MB: on those bytes the tensor cores bind, not the L2
+    # slices served 74.5 MB: on those bytes the tensor cores bind (whole waves counted), not the L2
     c = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
     counted = {"dram": 24.8e6, "l2": 74.5e6 + 19.6e6}
     t = roofline.roof_times(c, H200, "graph", "cold", counted)
     assert t["l2"] == pytest.approx(94.1e6 / H200.l2_bw * 1e6)
     assert t["hbm"] == pytest.approx((24.8e6 - (c.dram_bytes - c.hbm_bytes)) / H200.hbm_bw * 1e6)
     r = roofline.classify_point(c, H200, 60.0, "graph", "cold", "fused", "verify_attention", counted)
-    assert r["bound"] == "tensor" and "memory roofs from the counters: 24.8 MB DRAM, 94.1 MB" in r["diagnosis"]
+    assert r["bound"] == "waves" and "memory roofs from the counters: 24.8 MB DRAM, 94.1 MB" in r["diagnosis"]
 
 
 def test_eager_points_get_the_host_floor_not_a_device_roof():
@@ -234,7 +277,8 @@ def test_eager_points_get_the_host_floor_not_a_device_roof():
     casc = models.verify_attention_cost("cascade", batch=1, nodes=33, heads=64, prefix=4096)
     assert H200.eager_floor("verify_attention", casc.launches) == pytest.approx(190.0 + 2 * 14.0)
     assert H200.eager_floor("compact_kv", 1) == 14.0                # not measured: one bare eager launch
-    g = roofline.classify_point(small, H200, 1.2 * small.launches, "graph", "warm", "fused", "verify_attention")
+    tiny = models.verify_attention_cost("fused", batch=1, nodes=2, heads=8, prefix=200, splits=4)  # a tile a block
+    g = roofline.classify_point(tiny, H200, 1.2 * tiny.launches, "graph", "warm", "fused", "verify_attention")
     assert g["bound"] == "launch" and "launch-bound" in g["diagnosis"]
 
 

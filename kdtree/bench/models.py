@@ -76,6 +76,13 @@ class Launch:
         bytes (blocks of one sequence and split walk the same KV tiles in step): the L2 request
         coalescer may serve such reads once, so the L2 slices see between ``l2_read - l2_shared``
         and ``l2_read`` bytes.
+    blocks, slots, waves, block_tiles : int
+        A tile kernel's schedule (0 for other launches): ``blocks`` blocks, ``slots`` resident at
+        a time (one per SM), so ``waves`` waves; the longest block walks ``block_tiles`` KV tiles.
+    flops_waves : float
+        FLOPs the SMs would execute if every slot of every wave ran the longest block: the time
+        of the launch at the tensor rate, whole waves counted (``flops_exec`` for launches
+        without a tile schedule).
     """
 
     kernel: str
@@ -87,6 +94,11 @@ class Launch:
     carried: float = 0.0
     count: int = 1
     l2_shared: float = 0.0
+    blocks: int = 0
+    slots: int = 0
+    waves: int = 0
+    block_tiles: int = 0
+    flops_waves: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +140,22 @@ class Cost:
     def flops_exec(self) -> float:
         """FLOPs as executed (tensor-tile padding and masked tiles included)."""
         return self._sum("flops_exec")
+
+    @property
+    def flops_waves(self) -> float:
+        """FLOPs as the tile schedule spends tensor time: every slot of every wave of a tile
+        kernel runs its longest block (:class:`Launch`); at least ``flops_exec``."""
+        return float(sum(p.flops_exec if p.flops_waves is None else p.flops_waves for p in self.parts))
+
+    @property
+    def schedule(self) -> str:
+        """The tile schedule of the call's longest tile launch in words ("" for none)."""
+        tiled = [p for p in self.parts if p.waves]
+        if not tiled:
+            return ""
+        p = max(tiled, key=lambda p: p.flops_waves)
+        return (f"{p.blocks} blocks of up to {p.block_tiles} KV tiles in {p.waves} wave{'s' if p.waves > 1 else ''} "
+                f"of {p.slots}")
 
     @property
     def dram_read(self) -> float:
@@ -273,9 +301,11 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     last_wave = (blocks - (waves - 1) * resident) * per_block
     spill = float(min(written - last_wave, max(0.0, footprint - l2_bytes))) if l2_bytes else float(written)
     l2_write = partials if partials else out + batch * seq_rows * V_DIM * BF16     # bf16 halves: 2 sector writes
-    flops_exec = batch * row_tiles * tile_rows * tiles * KV_TILE * ATTN_FLOPS_PER_TOKEN
+    tile_flops = tile_rows * KV_TILE * ATTN_FLOPS_PER_TOKEN
+    flops_exec = batch * row_tiles * tiles * tile_flops
     return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
-                  l2_shared=l2_read - merged)
+                  l2_shared=l2_read - merged, blocks=blocks, slots=resident, waves=waves, block_tiles=per_split,
+                  flops_waves=float(waves * resident * per_split * tile_flops))
 
 
 def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int, impl: str | None,

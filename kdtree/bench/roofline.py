@@ -14,7 +14,12 @@ Every roof is a lower bound on the time of one call, from the one cost model
   issue for the same bytes at the same time counted once, since the L2 request coalescer
   merges such reads before the slices (the SMs' own bytes stay ``l2_bytes``);
 - ``tensor`` / ``fp32``: the FLOPs as executed (tile padding included) over the rate of the
-  unit the variant runs on.
+  unit the variant runs on;
+- ``waves`` (tile kernels on tensor cores): the same rate with whole waves counted. One block
+  runs per SM, so a launch takes at least its waves x its longest block's KV tiles at an SM's
+  share of the rate: 272 blocks on 132 SMs take three waves however little the third holds,
+  and a split with more tiles than the others sets its wave's time. Where this roof binds, the
+  diagnosis also gives the time per wave beyond it (a block's prologue, epilogue and stalls).
 
 The attainable time is the largest of these, the binding roof is the one that sets it, and
 the fraction is attainable / measured. A point whose binding roof is the launch floor but which
@@ -41,7 +46,7 @@ from kdtree.bench.display import eng
 from kdtree.bench.models import Cost, cost_for_row, kernel_name
 
 ROOF_LABELS = {"launch": "launch", "hbm": "HBM", "l2": "L2", "tensor": "tensor-core",
-               "fp32": "fp32", "host": "host", "latency": "latency"}
+               "waves": "whole-wave", "fp32": "fp32", "host": "host", "latency": "latency"}
 
 # Columns classify() adds.
 COLUMNS = ("flops", "flops_exec", "bytes_min", "hbm_bytes", "dram_bytes", "l2_bytes", "bytes_moved", "launches",
@@ -78,6 +83,8 @@ def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str, counted: dict
     if cost.compute in ("tensor", "fp32"):
         rate = ceilings.tensor_flops if cost.compute == "tensor" else ceilings.fp32_flops
         times[cost.compute] = cost.flops_exec / rate * 1e6
+        if cost.compute == "tensor" and cost.schedule:
+            times["waves"] = cost.flops_waves / rate * 1e6
     return {k: v for k, v in times.items() if math.isfinite(v)}
 
 
@@ -136,7 +143,8 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
     attainable = times[bound]
     ideal, ideal_roof = ideal_time(cost, ceilings, mode)
     gap = median_us / ideal if ideal > 0 else np.nan
-    diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times, byte_source(cost, counted))
+    diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times, byte_source(cost, counted),
+                         median_us)
     if bound == "launch" and attainable / median_us < 0.5:
         bound = "latency"   # far above every roof: serial work, not launches or bytes
     out.update(attainable_us=attainable, fraction=attainable / median_us, bound=bound,
@@ -146,16 +154,27 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
 
 
 def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, ideal_roof: str,
-             times: dict[str, float], source: str = "") -> str:
+             times: dict[str, float], source: str = "", median_us: float = math.nan) -> str:
     """One line: the variant's cause, the binding roof and how close, where the memory roofs'
     bytes come from (``source``), the gap to the ideal roof.
 
     Example: ``"naive: re-reads the latent per head and query (64x the minimum bytes);
-    L2-bound at 45% of the L2 roof; 160x below the tensor-core roof"``.
+    L2-bound at 45% of the L2 roof; 160x below the tensor-core roof"``. Where the ``waves`` roof
+    binds, the schedule and (given the measured ``median_us``) the time per wave beyond it.
     """
     parts = [f"{variant}: {cost.note}"]
     label = ROOF_LABELS[bound]
-    if bound == "launch" and fraction >= 0.5:
+    if bound == "waves" and fraction <= 1.05:
+        waves = max(p.waves for p in cost.parts if p.waves)
+        busy = cost.flops_exec / cost.flops_waves
+        text = (f"whole-wave-bound at {fraction:.0%} ({cost.schedule} take {eng(times['waves'] * 1e-6, 's')} at "
+                f"the tensor-core rate, {busy:.0%} of that SM time on tiles")
+        if math.isfinite(median_us):
+            others = cost.launches - 1
+            text += (f"; {eng((median_us - times['waves']) / waves * 1e-6, 's')} a wave beyond it"
+                     + (f", the call's other {others} launch{'es' if others > 1 else ''} included" if others else ""))
+        parts.append(text + ")")
+    elif bound == "launch" and fraction >= 0.5:
         parts.append(f"launch-bound ({times['launch']:.1f} us of launches, {fraction:.0%} of the call)")
     elif bound == "launch":
         memory = max(times.get("hbm", 0.0), times.get("l2", 0.0))
