@@ -2,6 +2,7 @@
 
     python scripts/perf_tables.py verify-grid results/verify_table_h200/49e9c69
     python scripts/perf_tables.py grid-waves results/verify_table_h200/d22219d
+    python scripts/perf_tables.py trace-ends results/verify_attention_trace_h200/after_mask_fix/trace_tma_16_33_64_16384.npz
     python scripts/perf_tables.py moe results/moe/h200_05_0f96448
     python scripts/perf_tables.py ncu-kernels results/moe/t1_h200/ncu/ncu_moe_t1.csv
     python scripts/perf_tables.py counters results/counters_h200/d22219d
@@ -15,6 +16,9 @@ same run measured; then ``fused`` against ``cascade`` and against the first wgmm
 
 grid-waves: the same table's ``fused`` rows against the cost model's whole-wave roof (the tensor
 rate with whole waves of blocks counted), per head group and prefix.
+
+trace-ends: a traced verify kernel's block start (to its first tile landed and first S issued)
+and end (last P V done to the block's end), from ``scripts/trace_attention.py``'s records.
 
 moe: the 05 notebook's table (``05.parquet``, ``05.meta.json``, ``ceilings.json``): the bf16
 layer's fraction of HBM bandwidth and its time per routing and T, the kernel path's stage
@@ -44,6 +48,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kdtree.bench.stepmodel import best_budget_statement
@@ -92,7 +97,8 @@ def grid_waves(run: str) -> str:
     per SM, so a launch takes at least its waves x its longest block's tiles at an SM's share of
     the run's dense rate): per head group and prefix, the fraction of the plain dense rate, the
     share of SM time the schedule fills with tiles, the fraction of the whole-wave roof, and the
-    time per wave beyond that roof (medians)."""
+    time per wave beyond that roof (medians); then a straight line through the one-split points'
+    time per wave against their blocks' tiles (a block's cost beyond its tiles, and per tile)."""
     from kdtree.bench.models import verify_attention_cost
 
     folder = Path(run)
@@ -100,12 +106,13 @@ def grid_waves(run: str) -> str:
     meta = json.loads(next(folder.glob("*.meta.json")).read_text())
     rate = meta["ceiling_bf16_flops"]
     f = d[(d.config == "fused") & d.us.notna()].copy()
-    rows = []
+    rows, fits = [], []
     for r in f.itertuples():
         c = verify_attention_cost("fused", batch=r.B, nodes=r.N, heads=r.H, prefix=r.P, impl=r.impl,
                                   splits=int(r.splits), layout=r.layout)
         roof = c.flops_waves / rate * 1e6
         waves = max(p.waves for p in c.parts if p.waves)
+        fits.append(dict(splits=int(r.splits), tiles=max(p.block_tiles for p in c.parts if p.waves), wave_us=r.us / waves))
         rows.append(dict(heads=r.H == 64, P=r.P, dense=r.frac_bf16, filled=c.flops_exec / c.flops_waves,
                          of_roof=roof / r.us, rest=(r.us - roof) / waves))
     t = pd.DataFrame(rows).groupby(["heads", "P"], sort=False).agg(
@@ -117,6 +124,39 @@ def grid_waves(run: str) -> str:
            "| us a wave beyond it |", "|---|---|---|---|---|---|---|"]
     out += [f"| {'64' if h else '8, 16, 32'} | {p} | {r.points:.0f} | {r.dense:.2f} | {r.filled:.2f} | {r.of_roof:.2f} | {r.rest:.1f} |"
             for (h, p), r in t.iterrows()]
+    one = pd.DataFrame([r for r in fits if r["splits"] == 1])
+    a, b = np.polyfit(one.tiles, one.wave_us, 1)[::-1]
+    err = one.wave_us / (a + b * one.tiles) - 1
+    out += ["", f"One-split points ({len(one)}), time per wave against the longest block's tiles: {a:.1f} us + "
+            f"{b:.2f} us a tile, within 6% at {int((err.abs() <= 0.06).sum())} of them (worst {err.min():+.0%} / "
+            f"{err.max():+.0%})."]
+    return "\n".join(out)
+
+
+def trace_ends(npz: str) -> str:
+    """A traced verify kernel's block ends (``scripts/trace_attention.py``'s records): per traced
+    block, from its trace start to its first tile landed and to its first S issued, and from its
+    last P V done to its end (us; medians over the blocks, min and max)."""
+    import runpy
+
+    trace = runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
+    data = np.load(npz)
+    mhz = float(data["mhz"])
+    ends = []
+    for roles in trace["parse_records"](data["raw"]):
+        at = {}
+        for recs in roles.values():
+            for c, ev, t in recs:
+                at.setdefault((ev, t), []).append(c)
+        n = 1 + max(t for ev, t in at if ev == "s_done")
+        t0 = min(at[("start", 0)] if ("start", 0) in at else [recs[0][0] for recs in roles.values() if recs])
+        ends.append({"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
+                     "last P V done -> end": max(c for (ev, _), cs in at.items() if ev == "end" for c in cs)
+                     - max(at[("pv_done", n - 1)])})
+    e = pd.DataFrame(ends) / mhz
+    out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
+           "|---|---|---|---|"]
+    out += [f"| {k} | {v.median():.2f} | {v.min():.2f} | {v.max():.2f} |" for k, v in e.items()]
     return "\n".join(out)
 
 
@@ -262,7 +302,7 @@ def moe_trace(npz: str) -> str:
 
 
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "moe": moe, "ncu-kernels": ncu_kernels, "counters": counters,
+    kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe, "ncu-kernels": ncu_kernels, "counters": counters,
              "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
