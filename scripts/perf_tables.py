@@ -110,9 +110,8 @@ def grid_waves(run: str) -> str:
     for r in f.itertuples():
         c = verify_attention_cost("fused", batch=r.B, nodes=r.N, heads=r.H, prefix=r.P, impl=r.impl,
                                   splits=int(r.splits), layout=r.layout)
-        roof = c.flops_waves / rate * 1e6
-        waves = max(p.waves for p in c.parts if p.waves)
-        fits.append(dict(splits=int(r.splits), tiles=max(p.block_tiles for p in c.parts if p.waves), wave_us=r.us / waves))
+        roof, waves = c.flops_waves / rate * 1e6, c.tile_launch.waves
+        fits.append(dict(splits=int(r.splits), tiles=c.tile_launch.block_tiles, wave_us=r.us / waves))
         rows.append(dict(heads=r.H == 64, P=r.P, dense=r.frac_bf16, filled=c.flops_exec / c.flops_waves,
                          of_roof=roof / r.us, rest=(r.us - roof) / waves))
     t = pd.DataFrame(rows).groupby(["heads", "P"], sort=False).agg(
@@ -149,7 +148,7 @@ def trace_ends(npz: str) -> str:
             for c, ev, t in recs:
                 at.setdefault((ev, t), []).append(c)
         n = 1 + max(t for ev, t in at if ev == "s_done")
-        t0 = min(at[("start", 0)] if ("start", 0) in at else [recs[0][0] for recs in roles.values() if recs])
+        t0 = min(c for (ev, _), cs in at.items() if ev == "start" for c in cs)  # (its tile field: the global timer)
         ends.append({"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
                      "last P V done -> end": max(c for (ev, _), cs in at.items() if ev == "end" for c in cs)
                      - max(at[("pv_done", n - 1)])})
@@ -302,8 +301,8 @@ def moe_trace(npz: str) -> str:
 
 
 if __name__ == "__main__":
-    kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe, "ncu-kernels": ncu_kernels, "counters": counters,
-             "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace}
+    kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
+             "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))

@@ -148,12 +148,16 @@ class Cost:
         return float(sum(p.flops_exec if p.flops_waves is None else p.flops_waves for p in self.parts))
 
     @property
+    def tile_launch(self) -> Launch | None:
+        """The call's longest tile launch (most tensor time with whole waves counted), or None."""
+        return max((p for p in self.parts if p.waves), key=lambda p: p.flops_waves, default=None)
+
+    @property
     def schedule(self) -> str:
-        """The tile schedule of the call's longest tile launch in words ("" for none)."""
-        tiled = [p for p in self.parts if p.waves]
-        if not tiled:
+        """The tile schedule of :attr:`tile_launch` in words ("" for none)."""
+        p = self.tile_launch
+        if p is None:
             return ""
-        p = max(tiled, key=lambda p: p.flops_waves)
         return (f"{p.blocks} blocks of up to {p.block_tiles} KV tiles in {p.waves} wave{'s' if p.waves > 1 else ''} "
                 f"of {p.slots}")
 

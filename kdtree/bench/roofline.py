@@ -83,7 +83,7 @@ def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str, counted: dict
     if cost.compute in ("tensor", "fp32"):
         rate = ceilings.tensor_flops if cost.compute == "tensor" else ceilings.fp32_flops
         times[cost.compute] = cost.flops_exec / rate * 1e6
-        if cost.compute == "tensor" and cost.schedule:
+        if cost.compute == "tensor" and cost.tile_launch is not None:
             times["waves"] = cost.flops_waves / rate * 1e6
     return {k: v for k, v in times.items() if math.isfinite(v)}
 
@@ -165,7 +165,7 @@ def diagnose(variant: str, cost: Cost, bound: str, fraction: float, gap: float, 
     parts = [f"{variant}: {cost.note}"]
     label = ROOF_LABELS[bound]
     if bound == "waves" and fraction <= 1.05:
-        waves = max(p.waves for p in cost.parts if p.waves)
+        waves = cost.tile_launch.waves
         busy = cost.flops_exec / cost.flops_waves
         text = (f"whole-wave-bound at {fraction:.0%} ({cost.schedule} take {eng(times['waves'] * 1e-6, 's')} at "
                 f"the tensor-core rate, {busy:.0%} of that SM time on tiles")
