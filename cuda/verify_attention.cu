@@ -19,6 +19,7 @@
 //   verify_combine  lse-merges `slots` partials into out/lse.
 #include "attention_common.cuh"
 #include "attention_tile.cuh"
+#include "pdl.cuh"
 
 // verify_fused's warp layout: for S = Q K^T warp w owns rows 16 * (w / 2) .. +15 and KV
 // columns 32 * (w % 2) .. +31; for O += P V it owns all 64 rows and value columns 64 * w .. +63.
@@ -200,9 +201,12 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
 
 // out/lse of row g = blockIdx.x of sequence b = blockIdx.y from `slots` partials
 // (o_part [slots, B, NH, 512] normalised fp32, lse_part [slots, B, NH] log2). 128 threads x 4 cols.
+// Launched with programmatic dependent launch: its blocks may start on the SMs the kernel before
+// it leaves free, and wait here until that kernel (the partials' writer) has completed.
 extern "C" __global__ void __launch_bounds__(128)
 verify_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, att_bf16* __restrict__ out,
                float* __restrict__ lse, int B, int NH, int slots) {
+  pdl_wait();
   const int g = blockIdx.x, b = blockIdx.y;
   const size_t stride = (size_t)B * NH, row = (size_t)b * NH + g;
   float mx = ATT_NEG_INF;

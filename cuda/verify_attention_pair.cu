@@ -38,6 +38,7 @@
 #include "attention_tile.cuh"
 #include "attention_trace.cuh"
 #include "attention_wgmma.cuh"
+#include "pdl.cuh"
 
 #define PAIR_THREADS 256
 #define PAIR_NB_ALL 1                   // named barrier: all 256 threads (Q landed; rope read; epilogue)
@@ -182,6 +183,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
     mb_init_fence();
     tma_prefetch_map(map);
   }
+  pdl_launch_dependents();  // a split's combine may launch once every block runs (it waits for the end)
   if (tid < FUSED_BM) sM[tid] = ATT_NEG_INF;
   __syncthreads();  // barriers initialised, sM set
   if (tid == 0) {

@@ -75,6 +75,11 @@ _TMA_THREADS = 384
 # mbarriers (PAIR_SMEM_BYTES), 256 threads (no producer warpgroup).
 _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 24 * 8 + 1024
 _MAX_SPLITS = 32
+# Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
+# on an H200 (docs/perf_log.md, session 16); choose_splits weighs the fp32 partials with it, past
+# the first _PARTIAL_L2_BYTES of them (which stay in the L2: 0.4 of an H200's 60 MB).
+_PARTIAL_BYTES_PER_TILE = 6.8e6
+_PARTIAL_L2_BYTES = 24e6
 _LOG2E = 1.4426950408889634
 
 
@@ -207,16 +212,24 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def choose_splits(blocks: int, kv_rows: int, num_sms: int) -> int:
-    """KV splits for the fused kernel: fewest estimated waves x tiles per block.
+def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int:
+    """KV splits for the fused kernel: the fewest estimated tile periods.
 
     ``blocks`` are the (row tile, sequence) blocks, one resident per SM (the kernel takes ~225 KB
-    of shared memory); each split costs about two tiles more (prologue, partial write, combine).
+    of shared memory). A split count s costs its waves x tiles per block, plus, when s > 1, two
+    tiles a block (prologue and partial write) and the HBM traffic of the fp32 partials of the
+    ``rows`` (batch x nodes x heads) query rows: each split writes 2 KB a row that the combine
+    reads back; what does not stay in the L2 costs ``_PARTIAL_BYTES_PER_TILE`` bytes per tile
+    period. Without that term, 64 sequences of 264 rows at P = 32768 took 7 splits where
+    ``cascade`` with 2 ran 4% faster; with it, the counts it moves were timed against the old
+    ones (``scripts/splits_ab.py``; docs/perf_log.md, session 18).
     """
     tiles = max(1, -(-kv_rows // _FUSED_BN))
     best, best_cost = 1, None
     for s in range(1, min(_MAX_SPLITS, tiles) + 1):
         cost = -(-blocks * s // num_sms) * (-(-tiles // s) + (2 if s > 1 else 0))
+        if s > 1:  # the partials past what stays in the L2 go to HBM and back
+            cost += 2 * max(0.0, s * rows * (D_V * 4 + 4) - _PARTIAL_L2_BYTES) / _PARTIAL_BYTES_PER_TILE
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -277,7 +290,7 @@ def _launch_combine(o_part, lse_part, out, lse):
     slots, B, NH, _ = o_part.shape
     fn = _kernel("verify_combine", _index(out.device))
     launch(fn, (NH, B), (D_V // 4,), (ptr(o_part), ptr(lse_part), ptr(out), ptr(lse), np.int32(B),
-                                        np.int32(NH), np.int32(slots)), device=out.device)
+                                        np.int32(NH), np.int32(slots)), device=out.device, pdl=True)
 
 
 @dataclass(frozen=True)
@@ -361,7 +374,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     layout = layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
-    s = splits or choose_splits(blocks, kv, num_sms)
+    s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
     if variant == "fused":
         return LaunchPlan("fused", impl, layout, tile, s, s if s > 1 else 0, 2 if s > 1 else 1)
     return LaunchPlan("cascade", impl, layout, tile, s, s + 1, 3)

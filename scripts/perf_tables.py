@@ -147,11 +147,13 @@ def trace_ends(npz: str) -> str:
         for recs in roles.values():
             for c, ev, t in recs:
                 at.setdefault((ev, t), []).append(c)
-        n = 1 + max(t for ev, t in at if ev == "s_done")
+        def last(event, at=at):
+            return max(c for (ev, _), cs in at.items() if ev == event for c in cs)
+
         t0 = min(c for (ev, _), cs in at.items() if ev == "start" for c in cs)  # (its tile field: the global timer)
+        # (the last P V done: the latest record, as the pair kernel's last tile records no tile of its own)
         ends.append({"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
-                     "last P V done -> end": max(c for (ev, _), cs in at.items() if ev == "end" for c in cs)
-                     - max(at[("pv_done", n - 1)])})
+                     "last P V done -> end": last("end") - last("pv_done")})
     e = pd.DataFrame(ends) / mhz
     out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
            "|---|---|---|---|"]

@@ -177,6 +177,16 @@ def test_choose_splits():
     assert choose_splits(blocks=1, kv_rows=10, num_sms=132) == 1          # one tile: nothing to split
 
 
+def test_choose_splits_weighs_the_partials():
+    """Each split's fp32 partials cost HBM traffic once they outgrow the L2: 64 sequences of 264 rows
+    (N = 33, H = 8) at P = 32768 take 2 splits, not the 7 that count waves and tiles alone; a
+    single sequence's partials stay in the L2 and do not move its choice."""
+    kw = dict(blocks=320, kv_rows=32768 + 33, num_sms=132)
+    assert choose_splits(**kw) == 7 and choose_splits(**kw, rows=64 * 33 * 8) == 2
+    assert choose_splits(blocks=9, kv_rows=1024 + 9, num_sms=132, rows=9 * 64) == choose_splits(
+        blocks=9, kv_rows=1024 + 9, num_sms=132)
+
+
 def test_tensor_map_arguments_and_by_value_buffer():
     """The kv map the tma kernels take: a [B S, 576] bf16 matrix, 64 x 64 boxes, 128-byte swizzle,
     zero fill, encoded into a 64-byte aligned one-element 128-byte array (CuPy's by-value path)."""
@@ -242,7 +252,7 @@ def test_launch_plan_layout(layout, heads, nodes, batch, rows_n_tile_rows):
     assert (p.layout, p.tile_rows) == (layout or "rows_m", tile)
     blocks = -(-(nodes * heads) // tile) * batch
     assert blocks == -(-(nodes * heads) // 64) * batch
-    assert p.splits == choose_splits(blocks, 16384 + nodes, 132)
+    assert p.splits == choose_splits(blocks, 16384 + nodes, 132, batch * nodes * heads)
     assert p.partial_slots == (p.splits if p.splits > 1 else 0) and p.launches == (2 if p.splits > 1 else 1)
 
 

@@ -1,0 +1,69 @@
+"""The fused kernel at the split count a committed verify grid ran and at today's ``launch_plan``
+choice, side by side in one process, where the two differ (GPU host).
+
+    python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv
+
+At each such shape: fresh random inputs (``attention_dev.input_sets``: cold L2), both split counts
+checked against float64, then timed by CUDA-graph replay, old and new alternating twice (the
+lower of each count's two medians). Shapes where the grid's ``fused`` lost to ``cascade`` first,
+then the cheapest; one CSV row per shape, written as it is measured (a run cut short keeps what it
+measured); a summary line last.
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from attention_dev import check_config, input_sets, references, run_config, time_config
+from kdtree.attention import _num_sms, launch_plan
+
+
+def main(grid: str, out: str) -> None:
+    d = pd.read_parquet(next(Path(grid).glob("*.parquet")))
+    sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
+    gen = torch.Generator().manual_seed(11)
+    rows, f, w = [], open(out, "w", newline=""), None
+    fused = d[d.config == "fused"].set_index(["B", "N", "H", "P"])
+    cascade = d[d.config == "cascade"].set_index(["B", "N", "H", "P"]).us.reindex(fused.index)
+    # Shapes where fused lost to cascade first, then the cheapest
+    order = pd.DataFrame({"lost": ~(fused.us > cascade), "work": fused.eval("B * N * H * (P + N)")}).reset_index()
+    fused = fused.reset_index().iloc[order.sort_values(["lost", "work"]).index]
+    for r in fused.itertuples():
+        new = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=sms).splits
+        if new == r.splits:
+            continue
+        tree, pl, sets = input_sets(r.B, r.N, r.H, r.P, gen, l2, max_sets=8)
+        o = (torch.empty(r.B, r.N, r.H, 512, dtype=torch.bfloat16, device="cuda"),
+             torch.empty(r.B, r.N, r.H, dtype=torch.float32, device="cuda"))
+        refs = references(tree, pl, *sets[0])
+        us = {}
+        for s in (r.splits, new, r.splits, new):
+            run_config("fused", tree, pl, *sets[0], o, splits=s)
+            _, wrong = check_config(refs, o)
+            if wrong:
+                sys.exit(f"{(r.B, r.N, r.H, r.P)} splits={s}: {wrong}")
+            us.setdefault(s, []).append(time_config("fused", tree, pl, sets, o, splits=s, reps=5).median_us)
+        row = dict(B=r.B, N=r.N, H=r.H, P=r.P, old_splits=r.splits, new_splits=new,
+                   old_us=min(us[r.splits]), new_us=min(us[new]))
+        row["new_over_old"] = row["new_us"] / row["old_us"]
+        rows.append(row)
+        if w is None:
+            w = csv.DictWriter(f, fieldnames=list(row))
+            w.writeheader()
+        w.writerow(row)  # row by row: a run cut short keeps what it measured
+        f.flush()
+        print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        sets.clear()
+        torch.cuda.empty_cache()
+    f.close()
+    ratio = pd.Series([r["new_over_old"] for r in rows])
+    print(f"{len(rows)} shapes: new / old min {ratio.min():.3f} median {ratio.median():.3f} max {ratio.max():.3f}; "
+          f"slower at {(ratio > 1.01).sum()}, faster at {(ratio < 0.99).sum()}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
