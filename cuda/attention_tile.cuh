@@ -239,22 +239,66 @@ __device__ __forceinline__ void fused_rescale_o(float (&o)[128], float al_lo, fl
   }
 }
 
+// A quad's (lanes 4 gid .. 4 gid + 3, tig = lane & 3) 4 x 4 words transposed in registers: lane t's
+// word c becomes lane c's word t (two butterfly steps, xor 2 then xor 1). Every lane of the warp
+// calls it.
+__device__ __forceinline__ void att_quad_transpose(att_u32 (&w)[4], int tig) {
+  const bool b1 = tig & 2, b0 = tig & 1;
+  att_u32 x0 = __shfl_xor_sync(0xffffffffu, b1 ? w[0] : w[2], 2);
+  att_u32 x1 = __shfl_xor_sync(0xffffffffu, b1 ? w[1] : w[3], 2);
+  if (b1) {
+    w[0] = x0;
+    w[1] = x1;
+  } else {
+    w[2] = x0;
+    w[3] = x1;
+  }
+  x0 = __shfl_xor_sync(0xffffffffu, b0 ? w[0] : w[1], 1);
+  x1 = __shfl_xor_sync(0xffffffffu, b0 ? w[2] : w[3], 1);
+  if (b0) {
+    w[0] = x0;
+    w[2] = x1;
+  } else {
+    w[1] = x0;
+    w[3] = x1;
+  }
+}
+
 // The O rows r_lo and r_lo + 8 a warpgroup holds in the wgmma m64n256 accumulator layout (o[4 j],
 // o[4 j + 1]: row r_lo; o[4 j + 2], o[4 j + 3]: row r_lo + 8; value columns 256 wg + 8 j + 2 tig
 // + {0, 1}), normalised by the row sums of the two warpgroups (sSum[r] + sSum[BM + r]) and stored.
+// bf16 rows: a quad holds 16 bytes of a row per j, each lane 4 of them; 4-byte stores leave every
+// 32-byte sector half written per instruction, and the pair traces showed blocks with bf16 rows
+// ending later after their last P V than blocks writing twice the bytes as fp32 partials
+// (docs/perf_log.md, session 18). So each quad transposes its words over j = 4 m .. 4 m + 3 and
+// lane tig stores j = 4 m + tig's 16 bytes: 64 contiguous bytes a row per instruction. fp32
+// partials already fill whole sectors with 8-byte stores.
 __device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf16* out, float* o_part,
                                                    const FusedBlock& k, int B, int slot0, int r_lo, int wg,
                                                    int tig, const float* sSum) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r_lo + 8 * half;
-    if (k.g0 + r >= k.NH) continue;
+    const bool valid = k.g0 + r < k.NH;
     const float l = sSum[r] + sSum[FUSED_BM + r];
     const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (o_part == nullptr) {  // (the shuffles run on every lane; only the stores skip padding rows)
+      att_bf16* row = out + ((size_t)k.b * k.NH + k.g0 + r) * ATT_D_V + 256 * wg;
 #pragma unroll
-    for (int j = 0; j < 32; ++j)
-      fused_store_pair(out, o_part, k, B, slot0, r, 256 * wg + 8 * j + 2 * tig, o[4 * j + 2 * half] * inv,
-                       o[4 * j + 2 * half + 1] * inv);
+      for (int m = 0; m < 8; ++m) {
+        att_u32 w[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          w[c] = att_pack_bf16x2(o[4 * (4 * m + c) + 2 * half] * inv, o[4 * (4 * m + c) + 2 * half + 1] * inv);
+        att_quad_transpose(w, tig);
+        if (valid) *reinterpret_cast<uint4*>(row + 8 * (4 * m + tig)) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else if (valid) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        fused_store_pair(out, o_part, k, B, slot0, r, 256 * wg + 8 * j + 2 * tig, o[4 * j + 2 * half] * inv,
+                         o[4 * j + 2 * half + 1] * inv);
+    }
   }
 }
 
