@@ -27,6 +27,10 @@
 // arrivals per pair (SCALE0, SCALE1, P0, P1); the arrivals of a pair each need, transitively, the
 // waits of the pair before, so no barrier runs two phases ahead of a waiter.
 //
+// Q comes with the copy engine too (`qmap`, issued before KV tiles 0 and 1 on its own mbarrier,
+// QFULL): the boxes of a last row tile past the sequence's N H rows hold the next sequence's rows
+// (finite; their outputs are not stored), past the tensor's end zeros.
+//
 // Shared memory is the v6 kernel's: the rope columns of Q (box 8 of the Q tile) move into
 // registers once (RS wgmma for S's last four k-steps), and that box holds P_B (sP1) from then on.
 // Rows of the last tile past the KV range end are zeroed by the tile's S warpgroup once the whole
@@ -46,13 +50,15 @@
 #define PAIR_BOXES (ATT_D_QK / 64)       // 9 boxes a tile: 8 of V / K, the rope box last
 
 // Shared memory: Q (box 8 becomes sP1), two KV stages, sP0, fp32 sM, sScale0, sScale1 [BM],
-// sRed [2][BM], then 24 mbarriers: full[2][9], SCALE0, SCALE1, P0, P1, zero[2].
-#define PAIR_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 5 * FUSED_BM * 4 + 24 * 8 + 1024)
+// sRed [2][BM], then 25 mbarriers: full[2][9], SCALE0, SCALE1, P0, P1, zero[2], QFULL.
+#define PAIR_BARRIERS 25
+#define PAIR_SMEM_BYTES (FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P + 5 * FUSED_BM * 4 + PAIR_BARRIERS * 8 + 1024)
 #define PAIR_SCALE0 18
 #define PAIR_SCALE1 19
 #define PAIR_P0 20
 #define PAIR_P1 21
 #define PAIR_ZERO 22
+#define PAIR_QFULL 24
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wg_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
@@ -155,7 +161,7 @@ __device__ __forceinline__ void pair_load_rope(att_u32 (&qr)[4][4], att_u32 sQ, 
                     qr[t][2], qr[t][3]);
 }
 
-__device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf16* __restrict__ q,
+__device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTensorMap* qmap,
                                           const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                           att_bf16* __restrict__ out, float* __restrict__ lse,
                                           float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
@@ -179,15 +185,19 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
   const int row0 = k.b * S + k.lo + k.kt0 * FUSED_BN;
 
   if (tid == 0) {
-    for (int i = 0; i < 24; ++i) mb_init(sBar + 8 * i, i < 2 * PAIR_BOXES ? 1 : 128);
+    for (int i = 0; i < PAIR_BARRIERS; ++i) mb_init(sBar + 8 * i, i < 2 * PAIR_BOXES || i == PAIR_QFULL ? 1 : 128);
     mb_init_fence();
     tma_prefetch_map(map);
+    tma_prefetch_map(qmap);
   }
   pdl_launch_dependents();  // a split's combine may launch once every block runs (it waits for the end)
   if (tid < FUSED_BM) sM[tid] = ATT_NEG_INF;
   __syncthreads();  // barriers initialised, sM set
-  if (tid == 0) {
-    if (n > 0) pair_load(map, sKV, sBar, row0, 0, 0, PAIR_BOXES);
+  if (tid == 0 && n > 0) {  // the Q tile's boxes first (S needs them all), then KV tiles 0 and 1
+    mb_arrive_expect_tx(sBar + 8 * PAIR_QFULL, FUSED_SMEM_Q);
+    for (int b = 0; b < PAIR_BOXES; ++b)
+      tma_load_2d(sQ + b * PAIR_BOX_BYTES, qmap, sBar + 8 * PAIR_QFULL, 64 * b, k.b * k.NH + k.g0);
+    pair_load(map, sKV, sBar, row0, 0, 0, PAIR_BOXES);
     if (n > 1) pair_load(map, sKV, sBar, row0, 1, 0, PAIR_BOXES);
   }
 
@@ -195,9 +205,13 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
   const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
   const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
   float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
-  pp_consumers_start(o, sQ, q, k, n, tid, PAIR_NB_ALL);
+#pragma unroll
+  for (int j = 0; j < 128; ++j) o[j] = 0.f;
   att_u32 qr[4][4];
-  if (n > 0) pair_load_rope(qr, sQ, warp & 3, lane);
+  if (n > 0) {
+    mb_wait(sBar + 8 * PAIR_QFULL, 0);
+    pair_load_rope(qr, sQ, warp & 3, lane);
+  }
   nb_sync(PAIR_NB_ALL, PAIR_THREADS);  // every rope fragment is read before box 8 holds P_B
   AttTrace tr = att_trace_open(wg, wtid == 0);
   att_trace_start(tr);
@@ -350,14 +364,16 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const att_bf1
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// kv itself is read only through `map` (the argument stays for the common launch protocol).
+// kv and q are read only through `map` and `qmap` (the [B N H, 576] rows of q, 64 x 64 boxes like
+// the kv map's); the pointers stay for the common launch protocol.
 extern "C" __global__ void __launch_bounds__(PAIR_THREADS, 1)
     verify_fused_pair(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                       const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                       att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
                       float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
-                      int mode, float scale_log2, const __grid_constant__ AttTensorMap map) {
+                      int mode, float scale_log2, const __grid_constant__ AttTensorMap map,
+                      const __grid_constant__ AttTensorMap qmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  pair_body(&map, q, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2);
+  pair_body(&map, &qmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2);
 #endif
 }

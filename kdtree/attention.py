@@ -71,9 +71,9 @@ _RN_MAX_ROWS = 64
 # (a producer warpgroup after the two consumer warpgroups).
 _TMA_SMEM = _TILE_BYTES + 4 * _FUSED_BM * 4 + 10 * 8 + 1024
 _TMA_THREADS = 384
-# pair (cuda/verify_attention_pair.cu): the same tiles + sM, sScale0, sScale1, sRed [2] rows and 24
+# pair (cuda/verify_attention_pair.cu): the same tiles + sM, sScale0, sScale1, sRed [2] rows and 25
 # mbarriers (PAIR_SMEM_BYTES), 256 threads (no producer warpgroup).
-_PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 24 * 8 + 1024
+_PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
 # on an H200 (docs/perf_log.md, session 16); choose_splits weighs the fp32 partials with it, past
@@ -274,6 +274,8 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
         fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_PAIR if pair else _SRC_TMA, "nvcc")
         args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK,
                                                           _FUSED_BN, 64))
+        if pair:  # pair also loads Q with the copy engine: q's [B N H, 576] rows, the same boxes
+            args += (bf16_matrix_map(q.data_ptr(), B * N * H, D_QK, 2 * D_QK, _FUSED_BM, 64),)
         launch(fn, grid, (_FUSED_THREADS if pair else _TMA_THREADS,), args,
                shared_mem=_PAIR_SMEM if pair else _TMA_SMEM, device=q.device)
         return
