@@ -8,6 +8,7 @@
     python scripts/perf_tables.py counters results/counters_h200/d22219d
     python scripts/perf_tables.py moe-ab results/moe/ab_h200/bf84d0f/ab.log
     python scripts/perf_tables.py moe-trace results/moe/trace_h200/bf84d0f/trace_moe_T1.npz
+    python scripts/perf_tables.py splits-ab results/splits_ab_h200/6560d1c/splits.csv
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -34,6 +35,10 @@ bytes read against the cost model, L2 -> SM bytes, tensor-pipe activity, occupan
 moe-ab, attention-ab: ``scripts/moe_ab.py``'s / ``scripts/attention_ab.py``'s output: per T (per
 shape) the medians of both passes of each tree, and each tree's mean over the two against the first
 tree's.
+
+splits-ab: ``scripts/splits_ab.py``'s CSV (the fused kernel at a grid's split count and at
+``choose_splits``'s, timed side by side): new over old time per group of prefix lengths, and the
+shapes where the new count lost.
 
 moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py``'s records
 (``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
@@ -302,9 +307,24 @@ def moe_trace(npz: str) -> str:
     return f"From `{npz}` (T = {T}; us from the router's first wait returning):\n\n" + "\n".join(out)
 
 
+def splits_ab(csv: str) -> str:
+    d = pd.read_csv(csv)
+    out = [f"From `{csv}` ({len(d)} shapes where the split count moved; the lower of two medians each):", "",
+           "| P | shapes | new / old min / median / max | new slower at |", "|---|---|---|---|"]
+    for p, g in d.groupby("P"):
+        out.append(f"| {p} | {len(g)} | {_spread(g.new_over_old)} | {int((g.new_over_old > 1).sum())} |")
+    out.append(f"| all | {len(d)} | {_spread(d.new_over_old)} | {int((d.new_over_old > 1).sum())} |")
+    lost = d[d.new_over_old > 1]
+    out += ["", "Slower with the new count: " + ("none" if lost.empty else "; ".join(
+        f"B={r.B} N={r.N} H={r.H} P={r.P} ({r.old_splits} -> {r.new_splits} splits, {r.new_over_old:.3f})"
+        for r in lost.itertuples()))]
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
-             "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace}
+             "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
+             "splits-ab": splits_ab}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
