@@ -28,6 +28,7 @@
 #define ATT_EV_TMA_ISSUED 12  // producer: tile i's boxes issued
 #define ATT_EV_LANDED 13      // watcher: tile i's full barrier completed
 #define ATT_EV_MASKED 14      // owner: S scaled, masked, row maxima taken
+#define ATT_EV_ENTRY 15       // the thread's first instruction (pair); tile field = globaltimer ns low 32 bits
 
 #if defined(ATT_TRACE)
 #define ATT_TRACE_BLOCKS 8
@@ -65,10 +66,19 @@ __device__ __forceinline__ void att_trace_start(AttTrace& t) {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns)::"memory");
   att_trace_rec(t, ATT_EV_START, (int)(att_u32)ns);
 }
+
+// The entry record: the same, at the kernel's first instruction (its clock to START is the block's
+// prologue; its globaltimer lines up the blocks' launches).
+__device__ __forceinline__ void att_trace_entry(AttTrace& t) {
+  att_u64 ns;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns)::"memory");
+  att_trace_rec(t, ATT_EV_ENTRY, (int)(att_u32)ns);
+}
 #else
 struct AttTrace {};
 __device__ __forceinline__ AttTrace att_trace_open(int, bool) { return AttTrace{}; }
 __device__ __forceinline__ void att_trace_rec(AttTrace&, int, int) {}
 __device__ __forceinline__ void att_trace_start(AttTrace&) {}
+__device__ __forceinline__ void att_trace_entry(AttTrace&) {}
 #endif  // ATT_TRACE
 #endif  // KDTREE_ATTENTION_TRACE_CUH

@@ -19,7 +19,8 @@ grid-waves: the same table's ``fused`` rows against the cost model's whole-wave 
 rate with whole waves of blocks counted), per head group and prefix.
 
 trace-ends: a traced verify kernel's block start (to its first tile landed and first S issued)
-and end (last P V done to the block's end), from ``scripts/trace_attention.py``'s records.
+and end (last P V done to the block's end), from ``scripts/trace_attention.py``'s records; where
+the trace has entry records (the pair kernel's first instruction), the prologue before the start.
 
 moe: the 05 notebook's table (``05.parquet``, ``05.meta.json``, ``ceilings.json``): the bf16
 layer's fraction of HBM bandwidth and its time per routing and T, the kernel path's stage
@@ -157,8 +158,12 @@ def trace_ends(npz: str) -> str:
 
         t0 = min(c for (ev, _), cs in at.items() if ev == "start" for c in cs)  # (its tile field: the global timer)
         # (the last P V done: the latest record, as the pair kernel's last tile records no tile of its own)
-        ends.append({"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
-                     "last P V done -> end": last("end") - last("pv_done")})
+        row = {"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
+               "last P V done -> end": last("end") - last("pv_done")}
+        if any(ev == "entry" for ev, _ in at):  # (pair traces from 12ea8b5 on: the kernel's first instruction)
+            row = {"entry -> start (prologue, Q landed)": t0 - min(c for (ev, _), cs in at.items() if ev == "entry"
+                                                                for c in cs)} | row
+        ends.append(row)
     e = pd.DataFrame(ends) / mhz
     out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
            "|---|---|---|---|"]

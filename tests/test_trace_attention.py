@@ -47,3 +47,32 @@ def test_the_masking_step_lost_half_the_tile_before_the_fix():
     saved = np.median(before[period]) - np.median(after[period])
     assert 0.3 < saved < np.median(before[key])
     assert all(v.size > 100 for v in after.values())
+
+
+PAIR = RUNS / "pair_v8"   # the pair kernel (v8), B,N,H,P = 16,33,64,1024 / 16,33,64,4096 / 1,33,64,4096
+
+
+def _tail_us(name):
+    """Per traced block of a pair trace: its last P V done to its end (us)."""
+    data = np.load(PAIR / name)
+    tails = []
+    for roles in TRACE["parse_records"](data["raw"]):
+        recs = [r for role in ("wg0", "wg1") for r in roles[role]]
+        tails.append((max(c for c, ev, _ in recs if ev == "end") - max(c for c, ev, _ in recs if ev == "pv_done"))
+                     / float(data["mhz"]))
+    return tails
+
+
+def test_pair_traces_parse_and_bf16_rows_end_later_than_fp32_partials():
+    """Each warpgroup's records of the committed pair traces start with its start record, end with
+    its end record and never run back; and the blocks that write 64 KB of bf16 rows (one split)
+    end later after their last P V than the blocks that write 128 KB of fp32 partials (B = 1, four
+    splits): the 4-byte stores the 16-byte output stores replaced (docs/perf_log.md)."""
+    for name in ("trace_pair_16_33_64_1024.npz", "trace_pair_16_33_64_4096.npz", "trace_pair_1_33_64_4096.npz"):
+        for roles in TRACE["parse_records"](np.load(PAIR / name)["raw"]):
+            for role in ("wg0", "wg1"):
+                clocks = [c for c, _, _ in roles[role]]
+                assert clocks == sorted(clocks)
+                assert roles[role][0][1] == "start" and roles[role][-1][1] == "end"
+    fp32 = np.median(_tail_us("trace_pair_1_33_64_4096.npz"))
+    assert all(np.median(_tail_us(n)) > 1.2 * fp32 for n in ("trace_pair_16_33_64_1024.npz", "trace_pair_16_33_64_4096.npz"))
