@@ -153,16 +153,15 @@ def trace_ends(npz: str) -> str:
         for recs in roles.values():
             for c, ev, t in recs:
                 at.setdefault((ev, t), []).append(c)
-        def last(event, at=at):
-            return max(c for (ev, _), cs in at.items() if ev == event for c in cs)
+        def clocks(event, at=at):  # every record of the event, whatever its tile field
+            return [c for (ev, _), cs in at.items() if ev == event for c in cs]
 
-        t0 = min(c for (ev, _), cs in at.items() if ev == "start" for c in cs)  # (its tile field: the global timer)
+        t0 = min(clocks("start"))  # (its tile field: the global timer)
         # (the last P V done: the latest record, as the pair kernel's last tile records no tile of its own)
         row = {"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
-               "last P V done -> end": last("end") - last("pv_done")}
-        if any(ev == "entry" for ev, _ in at):  # (pair traces from 12ea8b5 on: the kernel's first instruction)
-            row = {"entry -> start (prologue, Q landed)": t0 - min(c for (ev, _), cs in at.items() if ev == "entry"
-                                                                for c in cs)} | row
+               "last P V done -> end": max(clocks("end")) - max(clocks("pv_done"))}
+        if clocks("entry"):  # (pair traces from 12ea8b5 on: the kernel's first instruction)
+            row = {"entry -> start (prologue, Q landed)": t0 - min(clocks("entry"))} | row
         ends.append(row)
     e = pd.DataFrame(ends) / mhz
     out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
