@@ -1,12 +1,15 @@
 """The step model: its sums, its communication model, its speedup arithmetic, and its
 measurements on CPU at tiny sizes."""
+import contextlib
 import math
+import time
 
 import pandas as pd
 import pytest
 import torch
 
 from kdtree.bench import stepmodel as S
+from kdtree.bench import timing
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +20,36 @@ def moe_components():
 @pytest.fixture(scope="module")
 def dense_components():
     return S.measure_components("dense_tiny", [1], [16], [32], drafter="tiny")
+
+
+def test_host_components_outlast_a_burst_over_part_of_the_measurement(monkeypatch):
+    """On a CPU every component row (decode phases included) is timed in rounds spread over the
+    whole measurement: a host clock that counts every call double for the first 40% of the
+    measurement's wall time (a burst of interference) leaves every row its undisturbed time.
+    Timed row by row, the rows measured inside the burst would read double."""
+    step, burst, seen = 1e-5, [math.inf], []   # the clock's tick per read, the burst's length (s), read times
+
+    @contextlib.contextmanager
+    def ticking():
+        reads = [0.0]
+
+        def clock():
+            seen.append(time.perf_counter())
+            reads[0] += 2 * step if seen[-1] - seen[0] < burst[0] else step
+            return reads[0]
+        yield clock
+
+    monkeypatch.setattr(timing, "host_clock", ticking)
+    monkeypatch.setattr(S, "HOST_ROUNDS_S", 0.01)
+    burst[0] = 0.0
+    quiet = S.measure_components("dense_tiny", [1], [16], [32], drafter="tiny")
+    burst[0] = 0.4 * (seen[-1] - seen[0])
+    seen.clear()
+    loud = S.measure_components("dense_tiny", [1], [16], [32], drafter="tiny")
+    assert seen[-1] - seen[0] > burst[0] > 0                               # the burst ended inside it
+    per = loud.component.map(lambda c: 2 if c == "compact" else 1)         # compaction: per layer of 2
+    for c in (quiet, loud):
+        assert len(c) > 20 and ((c.median_us * per).round(6) == step * 1e6).all(), c[["component", "median_us"]]
 
 
 def test_components_cover_every_step(moe_components):
@@ -167,7 +200,7 @@ def test_validate_presets_time_the_engines_own_phases(monkeypatch):
     """Two presets: each validated with the decode phases of its own engine step (no probe
     model), ``within`` the 15% rule on each row's ratio; a preset that does not fit the given
     memory is listed, not run."""
-    monkeypatch.setattr(S, "measure_decode_phases", lambda *a, **k: pytest.fail("probe phases measured"))
+    monkeypatch.setattr(S, "_phase_timings", lambda *a, **k: pytest.fail("probe phases measured"))
     v = S.validate_presets(["tiny_ep", "tiny"], layers=2, budgets=(16,), prompt=12, new=8, steps=2, drafter="tiny")
     assert list(v.preset) == ["tiny_ep", "tiny_ep", "tiny", "tiny"] and (v.status == "ok").all()
     assert (v.within == ((v.ratio - 1).abs() <= 0.15)).all()

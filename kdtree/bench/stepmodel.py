@@ -37,7 +37,7 @@ from torch import nn
 
 from kdtree.attention import verify_attention
 from kdtree.bench.engine_bench import step_breakdown
-from kdtree.bench.timing import time_graph, time_host
+from kdtree.bench.timing import HOST_MIN_S, Rounds, Timing, time_graph, time_host
 from kdtree.engine.config import MODEL_PRESETS, ModelConfig, fitting_layers, get_config, get_drafter_config
 from kdtree.engine.ddtree import chain_tree, run_phases, start
 from kdtree.engine.drafter import SyntheticDrafter
@@ -161,8 +161,15 @@ def step_config(model: str) -> ModelConfig | DenseConfig:
 L2_STATES = ("warm", "cold")
 
 
-def _timer(quick: bool, l2: str = "warm"):
-    """Graph replay on a GPU, the host clock on CPU; returns fn -> Timing.
+# Host seconds per component row of ``measure_components`` on a CPU, spread over the rounds of one
+# ``Rounds``: a host burst that covers only part of a measurement leaves every row a quiet round.
+HOST_ROUNDS = 20
+HOST_ROUNDS_S = 2 * HOST_MIN_S
+
+
+def _timer(quick: bool, l2: str = "warm", rounds: Rounds | None = None):
+    """Graph replay on a GPU, the host clock on CPU; returns fn -> Timing (on CPU registered in
+    ``rounds`` where given, taken by its ``run``).
 
     ``l2="warm"`` (the model's default): calls replayed back to back (2 or 5 per replay), the
     replay's launch latency shared among them. ``"cold"``: one call per replay, the L2 flushed
@@ -178,7 +185,27 @@ def _timer(quick: bool, l2: str = "warm"):
         if l2 == "cold":
             return lambda fn: time_graph(fn, reps=5 if quick else 20, calls_per_graph=1, warmup=1, l2="cold")
         return lambda fn: time_graph(fn, reps=5 if quick else 20, calls_per_graph=2 if quick else 5, warmup=1)
+    if rounds is not None:
+        return lambda fn: rounds.host(fn, reps=2 if quick else 5, warmup=1, min_s=HOST_ROUNDS_S)
     return lambda fn: time_host(fn, reps=2 if quick else 5, warmup=1)
+
+
+def _host_rounds() -> Rounds | None:
+    """The rounds a measurement's host timings are registered in (None on a GPU: replayed at once)."""
+    return None if torch.cuda.is_available() else Rounds(HOST_ROUNDS)
+
+
+def _taken(rows: list[dict], rounds: Rounds | None) -> list[dict]:
+    """Rows whose ``_timing`` (a :class:`Timing`, its times divided by ``_per_layers`` where given)
+    becomes their timing columns, once ``rounds`` (if any) has taken them."""
+    if rounds is not None:
+        rounds.run()
+    out = []
+    for r in rows:
+        r = dict(r)
+        t, div = r.pop("_timing"), r.pop("_per_layers", 1)
+        out.append({**r, **{k: v / div if k.endswith("_us") else v for k, v in t.as_dict().items()}})
+    return out
 
 
 def _init(make: Callable[[], nn.Module], device, dtype, seed: int) -> nn.Module:
@@ -223,14 +250,23 @@ def measure_decode_phases(vocab: int, batches, budgets, *, drafter: str = "small
     accept, compact, commit; greedy decoding: commit) alone. ``budget`` 0 is greedy decoding,
     ``"chain"`` the single chain (top-1, 15 deep). Compaction is timed over the probe's 2
     layers and reported per layer (``per="layer"``): its work grows with the layers. ``l2``:
-    as for ``measure_components``.
+    as for ``measure_components``; on a CPU the phases are taken in rounds, as there.
     """
+    rounds = _host_rounds()
+    return _taken(_phase_timings(vocab, batches, budgets, drafter, quick, seed, _timer(quick, l2, rounds)), rounds)
+
+
+def _phase_timings(vocab, batches, budgets, drafter, quick, seed, timer) -> list[dict]:
+    """``measure_decode_phases``' rows, each with its ``timer`` timing (``_taken`` fills them in).
+
+    Each (batch, budget) has its own decode state, so a phase timed in rounds between other
+    phases sees the state its own earlier calls left: a repeated commit stops advancing once
+    the state has emitted its tokens, as it did timed alone."""
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
     cfg = _probe(vocab, not cuda)
     model = build_model(cfg, seed=seed, device=device, dtype=dtype)
     dcfg = get_drafter_config(drafter)
-    timer = _timer(quick, l2)
     rows = []
     for B in batches:
         gen = torch.Generator().manual_seed(seed)
@@ -246,20 +282,17 @@ def measure_decode_phases(vocab: int, batches, budgets, *, drafter: str = "small
             for name, fn in rest:
                 if cuda:
                     run_phases(rest)  # fresh eager inputs for this phase, not a released capture's
-                t = timer(fn)
                 per_layer = name == "compact"
                 rows.append(dict(component=name, per="layer" if per_layer else "step", batch=B,
                                  nodes=nodes_for(budget), prefix=0, tokens=B * nodes_for(budget),
-                                 budget_label=str(budget), **{k: v / (cfg.n_layers if per_layer else 1)
-                                                        for k, v in t.as_dict().items()
-                                                        if k.endswith("_us")},
-                                 mode=t.mode, l2=t.l2))
+                                 budget_label=str(budget), _timing=timer(fn),
+                                 _per_layers=cfg.n_layers if per_layer else 1))
     return rows
 
 
-def _row(component, per, B, N, P, t, budget=""):
+def _row(component, per, B, N, P, t: Timing, budget=""):
     return dict(component=component, per=per, batch=B, nodes=N, prefix=P, tokens=B * N, budget_label=str(budget),
-                **t.as_dict())
+                _timing=t)
 
 
 def measure_components(model: str, batches, budgets, prefixes, *, drafter: str = "small", quick: bool = True,
@@ -302,29 +335,19 @@ def measure_components(model: str, batches, budgets, prefixes, *, drafter: str =
         p20_us, p80_us, reps, mode, l2. Components: ``attention`` (per layer, at every prefix),
         ``attention_core`` (info: ``verify_attention`` alone), ``moe`` / ``dense_ffn`` (per
         layer of that kind), ``ffn`` (dense models), ``norms``, ``embed_head``, and the decode
-        phases of ``measure_decode_phases``. On a CPU every row is the faster of two passes
-        over all of them.
+        phases of ``measure_decode_phases``. On a CPU every row is timed in rounds spread
+        over the whole measurement (``Rounds``, :data:`HOST_ROUNDS` rounds of every row in
+        turn), and is its quietest round. Interference on a shared host comes in bursts of
+        seconds that slow every repetition they cover (1.3-1.9x, 11 and 12 of 148 component
+        rows of two CPU runs timed row by row); a burst over part of the measurement leaves
+        each row rounds outside it, and one over all of it moves every row together.
     """
     if l2 not in L2_STATES:
         raise ValueError(f"l2: expected one of {L2_STATES}, got {l2!r}")
-    args = (model, batches, budgets, prefixes)
-    kw = dict(drafter=drafter, quick=quick, seed=seed, phases=phases, target=target, core=core, l2=l2)
-    df = _measure_components(*args, **kw)
-    if not torch.cuda.is_available():
-        # Host timings: a second pass a whole measurement later, each row the faster of its two.
-        # Interference on a shared host comes in bursts of seconds that slow every repetition of
-        # the rows they cover (1.6-1.9x, 12 of 148 component rows of one CPU run), and a later
-        # pass misses the burst; the row order is the same in both passes.
-        again = _measure_components(*args, **kw)
-        faster = again["median_us"] < df["median_us"]
-        df.loc[faster] = again.loc[faster]
-    return df
-
-
-def _measure_components(model, batches, budgets, prefixes, *, drafter, quick, seed, phases, target, core, l2):
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    timer = _timer(quick, l2)
+    rounds = _host_rounds()
+    timer = _timer(quick, l2, rounds)
     budgets = [0, "chain"] + [b for b in budgets if b not in (0, "chain")]
     batches, prefixes = [int(b) for b in batches], [int(p) for p in prefixes]
     dense = model in DENSE_MODELS
@@ -366,8 +389,9 @@ def _measure_components(model, batches, budgets, prefixes, *, drafter, quick, se
                 rows.append(_row("dense_ffn", "layer", B, N, 0, timer(lambda x=x: ffn(x))))
             for P in prefixes:
                 rows += _attention_rows(dense, cfg, attn, x, B, N, P, device, dtype, timer, gen, core)
-    rows += [dict(r) for r in phases] if phases is not None else measure_decode_phases(
-        vocab, batches, budgets, drafter=drafter, quick=quick, seed=seed, l2=l2)
+    if phases is None:
+        rows += _phase_timings(vocab, batches, budgets, drafter, quick, seed, timer)
+    rows = _taken(rows, rounds) + [dict(r) for r in (phases or [])]
     df = pd.DataFrame(rows)
     df.insert(0, "model", model)
     if cuda:
