@@ -61,10 +61,11 @@ def _run_dir(text: str, root: str) -> str:
     """The run folder ``text`` names: a directory, or a run id under ``root``."""
     from pathlib import Path
 
-    for p in (Path(text), Path(root) / text):
+    places = list(dict.fromkeys((Path(text), Path(root) / text)))   # one place for an absolute path
+    for p in places:
         if p.is_dir():
             return str(p)
-    raise UserError(f"run {text!r}: no such run directory (looked for {text} and {Path(root) / text})")
+    raise UserError(f"run {text!r}: no such run directory (looked for {' and '.join(map(str, places))})")
 
 
 def _sweep(args) -> int:

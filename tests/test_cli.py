@@ -46,6 +46,7 @@ USER_ERRORS = {  # name -> (arguments, words the line must hold)
                                                              "ceilings.json"),
     "compare missing baseline": (["compare", "no-such-run", "nocl-run"], "run 'no-such-run'"),
     "compare missing new run": (["compare", "nocl-run", "other-run"], "run 'other-run'"),
+    "compare missing absolute run": (["compare", "/no/such/run", "nocl-run"], "(looked for /no/such/run)"),
 }
 DEBUG_CASES = [("depth 40", "debug-first"), ("report run without ceilings", "debug-last"),
                ("sweep YAML syntax error", "debug-last")]
