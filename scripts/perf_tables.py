@@ -9,6 +9,7 @@
     python scripts/perf_tables.py moe-ab results/moe/ab_h200/bf84d0f/ab.log
     python scripts/perf_tables.py moe-trace results/moe/trace_h200/bf84d0f/trace_moe_T1.npz
     python scripts/perf_tables.py splits-ab results/splits_ab_h200/6560d1c/splits.csv
+    python scripts/perf_tables.py impl-vs results/verify_table_h200/275852a
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -40,6 +41,10 @@ tree's.
 splits-ab: ``scripts/splits_ab.py``'s CSV (the fused kernel at a grid's split count and at
 ``choose_splits``'s, timed side by side): new over old time per group of prefix lengths, and the
 shapes where the new count lost.
+
+impl-vs: a verify grid's ``fused`` rows (the default kernel) against ``fused_tma_seq`` at the same
+shapes, grouped by the schedule the cost model gives them (split count, the longest block's KV
+tiles, the blocks against one wave of the SMs): where the default is the slower of the two.
 
 moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py``'s records
 (``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
@@ -311,6 +316,31 @@ def moe_trace(npz: str) -> str:
     return f"From `{npz}` (T = {T}; us from the router's first wait returning):\n\n" + "\n".join(out)
 
 
+def impl_vs(run: str, other: str = "fused_tma_seq") -> str:
+    from kdtree.bench.models import verify_attention_cost
+
+    folder = Path(run)
+    d = pd.read_parquet(next(folder.glob("*.parquet")))
+    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    key = ["B", "N", "H", "P"]
+    f = d[(d.config == "fused") & d.us.notna()]
+    m = f.merge(d[(d.config == other) & d.us.notna()][key + ["us"]], on=key, suffixes=("", "_o"))
+    rows = []
+    for r in m.itertuples():
+        t = verify_attention_cost("fused", batch=r.B, nodes=r.N, heads=r.H, prefix=r.P, impl=r.impl,
+                                  splits=int(r.splits), layout=r.layout).tile_launch
+        rows.append(dict(splits=">= 8" if r.splits >= 8 else "< 8", tiles="<= 13" if t.block_tiles <= 13 else "> 13",
+                         wave=">= 3/4" if t.blocks >= 0.75 * t.slots else "< 3/4", ratio=r.us / r.us_o))
+    t = pd.DataFrame(rows)
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}): `fused` (`{meta['default_fused_impl']}`) "
+           f"time over `{other}`'s at the same shape, by the schedule of `fused`'s launch.", "",
+           "| splits | KV tiles of the longest block | blocks, of one wave | points | `fused` slower at "
+           "| ratio min / median / max |", "|---|---|---|---|---|---|"]
+    for (sp, ti, wa), g in t.groupby(["splits", "tiles", "wave"]):
+        out.append(f"| {sp} | {ti} | {wa} | {len(g)} | {int((g.ratio > 1).sum())} | {_spread(g.ratio)} |")
+    return "\n".join(out)
+
+
 def splits_ab(csv: str) -> str:
     d = pd.read_csv(csv)
     out = [f"From `{csv}` ({len(d)} shapes where the split count moved; the lower of two medians each):", "",
@@ -328,7 +358,7 @@ def splits_ab(csv: str) -> str:
 if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
-             "splits-ab": splits_ab}
+             "splits-ab": splits_ab, "impl-vs": impl_vs}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
