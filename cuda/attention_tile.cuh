@@ -239,29 +239,26 @@ __device__ __forceinline__ void fused_rescale_o(float (&o)[128], float al_lo, fl
   }
 }
 
+// One butterfly step of att_quad_transpose: the lanes with `up` set send words a0, a1 to their
+// partner (lane ^ mask) and take its words in their place; the others send and replace b0, b1.
+__device__ __forceinline__ void att_quad_step(att_u32& a0, att_u32& a1, att_u32& b0, att_u32& b1, bool up, int mask) {
+  const att_u32 x0 = __shfl_xor_sync(0xffffffffu, up ? a0 : b0, mask);
+  const att_u32 x1 = __shfl_xor_sync(0xffffffffu, up ? a1 : b1, mask);
+  if (up) {
+    a0 = x0;
+    a1 = x1;
+  } else {
+    b0 = x0;
+    b1 = x1;
+  }
+}
+
 // A quad's (lanes 4 gid .. 4 gid + 3, tig = lane & 3) 4 x 4 words transposed in registers: lane t's
 // word c becomes lane c's word t (two butterfly steps, xor 2 then xor 1). Every lane of the warp
 // calls it.
 __device__ __forceinline__ void att_quad_transpose(att_u32 (&w)[4], int tig) {
-  const bool b1 = tig & 2, b0 = tig & 1;
-  att_u32 x0 = __shfl_xor_sync(0xffffffffu, b1 ? w[0] : w[2], 2);
-  att_u32 x1 = __shfl_xor_sync(0xffffffffu, b1 ? w[1] : w[3], 2);
-  if (b1) {
-    w[0] = x0;
-    w[1] = x1;
-  } else {
-    w[2] = x0;
-    w[3] = x1;
-  }
-  x0 = __shfl_xor_sync(0xffffffffu, b0 ? w[0] : w[1], 1);
-  x1 = __shfl_xor_sync(0xffffffffu, b0 ? w[2] : w[3], 1);
-  if (b0) {
-    w[0] = x0;
-    w[2] = x1;
-  } else {
-    w[1] = x0;
-    w[3] = x1;
-  }
+  att_quad_step(w[0], w[1], w[2], w[3], tig & 2, 2);
+  att_quad_step(w[0], w[2], w[1], w[3], tig & 1, 1);
 }
 
 // The O rows r_lo and r_lo + 8 a warpgroup holds in the wgmma m64n256 accumulator layout (o[4 j],
