@@ -97,6 +97,25 @@ def test_a_shift_of_every_point_shows_once_as_the_familys_shift_and_small_change
     assert (t["flag"] == "").all() and summary(t)["shifts"] == []
 
 
+def test_a_drift_of_a_family_of_small_and_large_times_is_its_shift_not_its_large_points():
+    # A host-timed family, 4-300 us: the second run 7% slower as a whole (the host busier for
+    # all of it), 1.8% scatter between the runs. The median point moves under the minimum
+    # absolute change while the large ones move well past it: they moved with their family.
+    true = np.exp(np.random.default_rng(21).uniform(np.log(4), np.log(300), 150))
+    a = simulated_run(true, 0.018, 0.01, 22)
+    b = simulated_run(true * 1.07, 0.018, 0.01, 23)
+    assert (b["median_us"] - a["median_us"]).abs().median() < compare.MIN_US
+    t = compare_table(a, b)
+    assert summary(t)["shifts"] == ["/verify_attention/graph: 1.07x slower as a whole (time, 150 points)"]
+    assert (t["flag"] == "").all(), t.loc[t["flag"] != "", ["a", "b", "ratio", "band_hi"]].to_string()
+    # A point that moved twice its family's band beyond the drift is still flagged.
+    big = t.sort_values("a").iloc[-1]
+    row = b.index[b["median_us"] == big["b"]]
+    b.loc[row, ["median_us", "p20_us", "p80_us"]] *= big["band_hi"] ** 2
+    t = compare_table(a, b)
+    assert (t["flag"] == "slower").sum() == 1 and t["flag"].iat[0] == "slower" and t["b"].iat[0] == b.loc[row, "median_us"].iat[0]
+
+
 def test_interference_on_a_fifth_of_the_points_is_not_flagged_and_a_change_beyond_it_is():
     # A shared host: bursts of interference make a random fifth of each run's points 1.3-1.9x
     # slower (the sibling hyperthread busy), on top of 3% noise. The median absolute deviation

@@ -20,9 +20,11 @@ e = log(b/a) of a family with :data:`MIN_POINTS` compared points or more:
 
 * the family's shift c is their median. A shift of the whole family (every point moved
   together: the machine drifted, or a change common to every point) is reported once, as
-  the family's shift, when it is at least :data:`MIN_CHANGE` (and :data:`MIN_US` for times)
-  and beyond :data:`Z` standard errors of the median (1.2533 sigma / sqrt(n)); its points
-  are then judged against it;
+  the family's shift, when it is at least :data:`MIN_CHANGE`, beyond :data:`Z` standard
+  errors of the median (1.2533 sigma / sqrt(n)) and, for times, moved at least a fifth of
+  the family's points by :data:`MIN_US` or more (a family of small and large times that
+  drifts 7% moves its large ones by more than their minimum change while its median point
+  moves less; its large points moved with it); its points are then judged against it;
 * the family's between-run scatter sigma is the larger of the core scatter (1.4826 x the
   median absolute deviation of e about c) and the tail scatter (the :data:`TAIL_Q` quantile
   of |e - c| over its normal quantile, 1.2816): the scale within which four points in five
@@ -146,8 +148,10 @@ def family_noise(log_ratio: pd.Series) -> dict:
 
 
 def _shift_reported(n: dict, abs_change: float | None) -> bool:
-    """Whether a family's shift is reported: at least :data:`MIN_CHANGE` (and :data:`MIN_US`
-    of median absolute change, for times) and beyond :data:`Z` standard errors of its median."""
+    """Whether a family's shift is reported: at least :data:`MIN_CHANGE`, beyond :data:`Z`
+    standard errors of its median and, for times, ``abs_change`` (the :data:`TAIL_Q` quantile
+    of the points' absolute changes: a fifth of them moved this much or more) at least
+    :data:`MIN_US`."""
     c = abs(n["shift"])
     return (n["points"] >= MIN_POINTS and np.expm1(c) >= MIN_CHANGE and c > Z * 1.2533 * n["sigma"] / np.sqrt(n["points"])
             and (abs_change is None or abs_change >= MIN_US))
@@ -206,7 +210,7 @@ def compare_table(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         own = {f: n for f, n in fams.items() if n["points"] >= MIN_POINTS}
         for f, n in own.items():
             sel = (fam == f) & ok
-            n["shifted"] = _shift_reported(n, float((vb - va)[sel].abs().median()) if unit == "us" else None)
+            n["shifted"] = _shift_reported(n, float((vb - va)[sel].abs().quantile(TAIL_Q)) if unit == "us" else None)
         peer = {}
         for f, n in own.items():
             md = mode[fam == f].iat[0]
@@ -346,7 +350,8 @@ def rule_text(sigma: dict) -> str:
             f"times the ratio of the p20s is beyond the same band too (interference only adds time: the fastest "
             f"fifth of the repetitions is the least disturbed, and a change of the code moves it). Families: "
             f"notebook, kernel or table, timing mode. Per family with {MIN_POINTS} points or more: the shift is "
-            f"the median log ratio, reported when at least {MIN_CHANGE:.0%} and beyond {Z:g} standard errors; "
+            f"the median log ratio, reported when at least {MIN_CHANGE:.0%}, beyond {Z:g} standard errors and, "
+            f"for times, when a fifth of the points moved {MIN_US:g} us or more; "
             f"sigma is the larger of 1.4826 x the median absolute deviation and the "
             f"{100 * TAIL_Q:.0f}th percentile of the absolute deviation / {_TAIL_NORMAL} (the scale within "
             f"which {100 * TAIL_Q:.0f}% of its points agree: the standard deviation for Gaussian noise; where "
