@@ -60,25 +60,17 @@ __device__ __forceinline__ void att_trace_rec(AttTrace& t, int ev, int tile) {
   }
 }
 
-// The start record carries the globaltimer (ns), so blocks on different SMs can be lined up.
-__device__ __forceinline__ void att_trace_start(AttTrace& t) {
+// A record whose tile field is the globaltimer (ns, low 32 bits), so blocks on different SMs can be
+// lined up: START, and ENTRY at the kernel's first instruction (its clock to START is the prologue).
+__device__ __forceinline__ void att_trace_stamp(AttTrace& t, int ev) {
   att_u64 ns;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns)::"memory");
-  att_trace_rec(t, ATT_EV_START, (int)(att_u32)ns);
-}
-
-// The entry record: the same, at the kernel's first instruction (its clock to START is the block's
-// prologue; its globaltimer lines up the blocks' launches).
-__device__ __forceinline__ void att_trace_entry(AttTrace& t) {
-  att_u64 ns;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(ns)::"memory");
-  att_trace_rec(t, ATT_EV_ENTRY, (int)(att_u32)ns);
+  att_trace_rec(t, ev, (int)(att_u32)ns);
 }
 #else
 struct AttTrace {};
 __device__ __forceinline__ AttTrace att_trace_open(int, bool) { return AttTrace{}; }
 __device__ __forceinline__ void att_trace_rec(AttTrace&, int, int) {}
-__device__ __forceinline__ void att_trace_start(AttTrace&) {}
-__device__ __forceinline__ void att_trace_entry(AttTrace&) {}
+__device__ __forceinline__ void att_trace_stamp(AttTrace&, int) {}
 #endif  // ATT_TRACE
 #endif  // KDTREE_ATTENTION_TRACE_CUH

@@ -184,7 +184,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
   const int n = k.kt1 - k.kt0;  // tiles of this split
   const int row0 = k.b * S + k.lo + k.kt0 * FUSED_BN;
   AttTrace tr = att_trace_open(wg, wtid == 0);
-  att_trace_entry(tr);
+  att_trace_stamp(tr, ATT_EV_ENTRY);
 
   if (tid == 0) {
     for (int i = 0; i < PAIR_BARRIERS; ++i) mb_init(sBar + 8 * i, i < 2 * PAIR_BOXES || i == PAIR_QFULL ? 1 : 128);
@@ -215,7 +215,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
     pair_load_rope(qr, sQ, warp & 3, lane);
   }
   nb_sync(PAIR_NB_ALL, PAIR_THREADS);  // every rope fragment is read before box 8 holds P_B
-  att_trace_start(tr);
+  att_trace_stamp(tr, ATT_EV_START);
 
   float l_lo = 0.f, l_hi = 0.f;
   float s[8][4];  // S of the warpgroup's tile (m64n64 accumulators: n8 tile nt, rows r_lo / r_hi)

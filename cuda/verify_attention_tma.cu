@@ -79,7 +79,7 @@ __device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV
 __device__ __forceinline__ void tma_produce(const AttTensorMap* map, att_u32 sKV, att_u32 sBar, const FusedBlock& k,
                                            int S, int n, AttTrace& tr) {
   tma_prefetch_map(map);
-  att_trace_start(tr);
+  att_trace_stamp(tr, ATT_EV_START);
   const int row0 = k.b * S + k.lo + k.kt0 * FUSED_BN;
   for (int i = 0; i < n; ++i) {
     const int st = i & 1;
@@ -98,7 +98,7 @@ __device__ __forceinline__ void tma_produce(const AttTensorMap* map, att_u32 sKV
 // The trace's watcher (one thread of the producer warpgroup): when each tile's full barrier
 // completes. It gives up on a wait that outlasts a bounded spin instead of hanging the kernel.
 __device__ __forceinline__ void tma_watch(att_u32 sBar, int n, AttTrace& tr) {
-  att_trace_start(tr);
+  att_trace_stamp(tr, ATT_EV_START);
   for (int i = 0; i < n; ++i) {
     att_u32 done = 0;
     for (int spin = 0; spin < (1 << 22) && !done; ++spin)
@@ -160,7 +160,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
     float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
     pp_consumers_start(o, sQ, q, k, n, tid, TMA_NB_CONSUMERS);
     AttTrace tr = att_trace_open(wg, wtid == 0);
-    att_trace_start(tr);
+    att_trace_stamp(tr, ATT_EV_START);
     float l_lo = 0.f, l_hi = 0.f;
     const att_u64 dP = wg_desc(sP, 16, 1024);
 
