@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from kdtree.bench.ceilings import Ceilings
+from kdtree.bench.notebook_run import kernel_log_lines
 from kdtree.bench.report import compare_runs, load_run
 from kdtree.bench.run_folder import LOCK, DamagedRun, RunLocked, damage, load_manifest, write_manifest
 from kdtree.bench.sweep import read_manifest, run_sweep, summary
@@ -427,6 +428,35 @@ def _kill_chain(spec: Path, run_id: str, kills: int, span: float, seed: int, log
     final = check_whole(run, 4)["points"]
     assert all(final[p] == e for p, e in kept.items())
     assert sorted(pd.read_parquet(run / "results.parquet")["batch"]) == [0, 1, 2, 3]
+
+
+# A kernel's log as ipykernel 7 wrote it when a shutdown request raced its IOPub thread's close
+# (a CI run's final resume), between a line a notebook's code logged and another traceback.
+RACE_LOG = """\
+W 12:00:01 the notebook's own warning
+ERROR:tornado.general:Uncaught exception in ZMQStream callback
+Traceback (most recent call last):
+  File "/site-packages/zmq/eventloop/zmqstream.py", line 585, in _log_error
+    f.result()
+  File "/site-packages/ipykernel/kernelbase.py", line 406, in process_control
+    sys.stdout.flush()
+  File "zmq/backend/cython/_zmq.py", line 190, in zmq.backend.cython._zmq._check_rc
+zmq.error.ZMQError: Socket operation on non-socket
+
+Traceback (most recent call last):
+  File "point.py", line 3, in <module>
+    raise ValueError("a real failure")
+ValueError: a real failure
+"""
+
+
+def test_the_kernel_log_drops_the_shutdown_race_and_keeps_everything_else():
+    kept = kernel_log_lines(RACE_LOG.splitlines(keepends=True))
+    assert kept == ["W 12:00:01 the notebook's own warning", "Traceback (most recent call last):",
+                    '  File "point.py", line 3, in <module>', '    raise ValueError("a real failure")',
+                    "ValueError: a real failure"]
+    unfinished = RACE_LOG.splitlines()[:5]                        # a log cut inside the race's traceback
+    assert kernel_log_lines(unfinished) == unfinished
 
 
 @pytest.mark.slow
