@@ -175,6 +175,23 @@ def pair_intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
     return out
 
 
+# Events whose tile field is not a tile: the globaltimer stamps (ns, low 32 bits) and the end.
+NOT_A_TILE = ("start", "entry", "end")
+
+
+def timeline(roles: dict, mhz: float) -> list[str]:
+    """One block's records around its middle tile (tiles mid - 1 .. mid + 1), in clock order, us
+    from the block's first record: a heading line, then one line a record. The block's tiles are
+    those with a P V done (the pair kernel's last wait on S carries the tile number past the end)."""
+    t0 = min(c for recs in roles.values() for c, _, _ in recs)
+    n = 1 + max((t for recs in roles.values() for _, ev, t in recs if ev == "pv_done"), default=0)
+    mid = n // 2
+    evs = sorted((c, r, ev, t) for r, recs in roles.items() for c, ev, t in recs
+                 if ev not in NOT_A_TILE and mid - 1 <= t <= mid + 1)
+    return [f"  block 0, tiles {mid - 1}..{mid + 1} of {n} (us from the block's first record):"] + [
+        f"    {(c - t0) / mhz:9.3f}  {r:8s} {ev:11s} tile {t}" for c, r, ev, t in evs]
+
+
 def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -217,14 +234,8 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
         print(f"  steady-state tiles of {BLOCKS} blocks, median [p10, p90] us at {mhz:.0f} MHz:")
         for k, a in summary(blocks, mhz, impl).items():
             print(f"    {k:58s} {np.median(a):7.3f} [{np.percentile(a, 10):.3f}, {np.percentile(a, 90):.3f}]  n={a.size}")
-        roles = blocks[0]
-        t0 = min(c for recs in roles.values() for c, _, _ in recs)
-        n = 1 + max((t for recs in roles.values() for c, ev, t in recs if ev not in ("start", "end")), default=0)
-        mid = n // 2
-        print(f"  block 0, tiles {mid - 1}..{mid + 1} of {n} (us from the block's first record):")
-        evs = sorted((c, r, ev, t) for r, recs in roles.items() for c, ev, t in recs if mid - 1 <= t <= mid + 1)
-        for c, r, ev, t in evs:
-            print(f"    {(c - t0) / mhz:9.3f}  {r:8s} {ev:11s} tile {t}")
+        for line in timeline(blocks[0], mhz):
+            print(line)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,20 @@ def test_pair_traces_parse_and_bf16_rows_end_later_than_fp32_partials():
                 assert roles[role][0][1] == "start" and roles[role][-1][1] == "end"
     fp32 = np.median(_tail_us("trace_pair_1_33_64_4096.npz"))
     assert all(np.median(_tail_us(n)) > 1.2 * fp32 for n in ("trace_pair_16_33_64_1024.npz", "trace_pair_16_33_64_4096.npz"))
+
+
+ENTRY = RUNS / "pair_entry"   # the pair kernel with its entry record (a globaltimer stamp at its first instruction)
+
+
+def test_the_timeline_counts_tiles_not_timestamps():
+    """Block 0 of B = 1, N = 33, H = 64, P = 4096 in four splits holds 17 of the 65 KV tiles; its
+    timeline is around tile 8, and the entry and start stamps (whose tile field is the globaltimer)
+    neither count as tiles nor appear among them. Each warpgroup's entry precedes its start."""
+    data = np.load(ENTRY / "trace_pair_1_33_64_4096.npz")
+    blocks = TRACE["parse_records"](data["raw"])
+    lines = TRACE["timeline"](blocks[0], float(data["mhz"]))
+    assert lines[0].startswith("  block 0, tiles 7..9 of 17 ")
+    assert len(lines) > 20 and all(line.split()[-1] in ("7", "8", "9") for line in lines[1:])
+    for roles in blocks:
+        for role in ("wg0", "wg1"):
+            assert [ev for _, ev, _ in roles[role][:2]] == ["entry", "start"]
