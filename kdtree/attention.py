@@ -55,8 +55,12 @@ FUSED_IMPLS = ("mma", "wgmma", "tma", "tma_seq", "pair")
 _WGMMA_IMPLS = ("wgmma", "tma", "tma_seq", "pair")  # sm_90a kernels, built by nvcc
 _TMA_MAP_IMPLS = ("tma", "tma_seq", "pair")  # take the kv tensor map
 # The fused kernel an sm_90 GPU runs unless told otherwise: on an H200, 1.10-1.16x faster than
-# tma_seq (the default before) at every shape timed (docs/perf_log.md, verify attention v8).
+# tma_seq (the default before) at every shape timed (docs/perf_log.md, verify attention v8) but
+# the launches of many short splits that fill the GPU, where ``sm90_impl`` picks tma_seq.
 SM90_IMPL = "pair"
+# sm90_impl's rule: tma_seq for a launch of at least this many splits, blocks of at most this many
+# KV tiles, and at least this fraction of a wave of blocks.
+_SEQ_MIN_SPLITS, _SEQ_MAX_TILES, _SEQ_MIN_WAVE = 8, 13, 0.75
 LAYOUTS = ("rows_m", "rows_n")
 _FUSED_BM, _FUSED_BN = 64, 64      # FUSED_BM / FUSED_BN in cuda/attention_tile.cuh
 _FUSED_THREADS = 256
@@ -184,10 +188,12 @@ def fused_impl(index: int) -> str:
 
     ``pair`` (``cuda/verify_attention_pair.cu``, sm_90a, built by nvcc): KV tiles in pairs, the
     two warpgroups trading the softmax of one tile against the products of the other; on an H200
-    it was faster than ``tma_seq`` (the default before) at every shape timed (docs/perf_log.md).
-    The environment variable ``KDTREE_FUSED_IMPL`` (one of ``FUSED_IMPLS``) overrides the choice:
-    ``tma_seq``, ``tma`` (``cuda/verify_attention_tma.cu``) and ``wgmma``
-    (``cuda/verify_attention_wgmma.cu``), all sm_90a, run only when asked.
+    it was faster than ``tma_seq`` (the default before) at every shape timed (docs/perf_log.md)
+    but launches of many short splits, where ``launch_plan`` runs ``tma_seq`` instead
+    (``sm90_impl``, ``default_impl``). The environment variable ``KDTREE_FUSED_IMPL`` (one of
+    ``FUSED_IMPLS``) overrides the choice at every shape: ``tma_seq``, ``tma``
+    (``cuda/verify_attention_tma.cu``) and ``wgmma`` (``cuda/verify_attention_wgmma.cu``), all
+    sm_90a, run only when asked.
     """
     import shutil
 
@@ -233,6 +239,45 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return best
+
+
+def sm90_impl(splits: int, block_tiles: int, blocks: int, num_sms: int) -> str:
+    """The sm_90a kernel of a ``fused`` launch that names none: ``tma_seq`` for a launch of at
+    least 8 splits whose blocks walk at most 13 KV tiles and fill at least three quarters of a
+    wave (one block per SM), else ``SM90_IMPL`` (``pair``).
+
+    ``pair`` hides one tile's softmax under the other's products, so it gains with the tiles a
+    block walks; a block's fixed cost (prologue, fp32 partial write) is larger in ``pair``. In an
+    H200 grid of 192 shapes ``pair`` was slower than ``tma_seq`` at all 11 launches this rule
+    names (1.06-1.11x, B = 1 shards) and at 3 others, by at most 4% (docs/perf_log.md, session 21).
+
+    Parameters
+    ----------
+    splits : int
+        KV splits of the launch.
+    block_tiles : int
+        KV tiles of its longest block.
+    blocks : int
+        Blocks of the launch (row tiles x sequences x splits).
+    num_sms : int
+        Streaming multiprocessors (one block resident on each).
+
+    Returns
+    -------
+    str
+        ``"tma_seq"`` or ``SM90_IMPL``.
+    """
+    if splits >= _SEQ_MIN_SPLITS and block_tiles <= _SEQ_MAX_TILES and blocks >= _SEQ_MIN_WAVE * num_sms:
+        return "tma_seq"
+    return SM90_IMPL
+
+
+def default_impl(index: int) -> str | None:
+    """The ``impl`` a call that names none gives ``launch_plan`` on device ``index``: None (the
+    sm_90a kernel chosen per launch, ``sm90_impl``) where ``fused_impl`` runs ``SM90_IMPL`` without
+    ``KDTREE_FUSED_IMPL`` forcing it, else ``fused_impl``'s kernel at every shape."""
+    impl = fused_impl(index)
+    return None if impl == SM90_IMPL and "KDTREE_FUSED_IMPL" not in os.environ else impl
 
 
 def rows_n_tile(rows: int) -> int:
@@ -344,9 +389,10 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     num_sms : int
         Streaming multiprocessors of the device (132 on an H200).
     impl : str, optional
-        The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``; default ``SM90_IMPL``, or
-        ``wgmma`` for the rows_n layout): ``pair`` / ``tma_seq`` / ``tma`` (rows_m only), ``wgmma`` or
-        ``mma``.
+        The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``): ``pair`` / ``tma_seq`` /
+        ``tma`` (rows_m only), ``wgmma`` or ``mma``. Default: ``wgmma`` for the rows_n layout;
+        else, for ``fused``, the sm_90a kernel ``sm90_impl`` picks for the launch (``pair`` or
+        ``tma_seq``), and ``SM90_IMPL`` for ``cascade``.
     splits : int, optional
         Force the KV split count (default: ``choose_splits``).
     layout : str, optional
@@ -363,6 +409,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         return LaunchPlan("naive", "naive", "per_head", 1, 1, 0, 1)
     if variant not in ("fused", "cascade"):
         raise ValueError(f"variant: expected naive, cascade or fused, got {variant!r}")
+    by_launch = impl is None and layout != "rows_n" and variant == "fused"
     if impl is None:
         impl = "wgmma" if layout == "rows_n" else SM90_IMPL
     if impl not in FUSED_IMPLS:
@@ -377,6 +424,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
     s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
+    if by_launch:
+        impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
     if variant == "fused":
         return LaunchPlan("fused", impl, layout, tile, s, s if s > 1 else 0, 2 if s > 1 else 1)
     return LaunchPlan("cascade", impl, layout, tile, s, s + 1, 3)
@@ -386,7 +435,7 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
     """Launch a CUDA variant into ``out``/``lse`` following ``launch_plan``.
 
     ``splits`` overrides the KV split heuristic, ``impl`` (one of ``FUSED_IMPLS``) the fused kernel
-    that ``fused`` and ``cascade`` run (default: ``fused_impl`` of the device), ``layout``
+    that ``fused`` and ``cascade`` run (default: ``default_impl`` of the device), ``layout``
     (``"rows_m"``/``"rows_n"``) the fused kernel's layout.
     """
     from kdtree.kernels import launch, ptr
@@ -403,7 +452,7 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
                                        np.float32(scale_log2)), device=q.device)
         return
     plan = launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=S, num_sms=_num_sms(_index(q.device)),
-                       impl=impl or ("wgmma" if layout == "rows_n" else fused_impl(_index(q.device))),
+                       impl=impl or (None if layout == "rows_n" else default_impl(_index(q.device))),
                        splits=splits, layout=layout)
     s = plan.splits
     kern = (plan.impl, plan.layout, plan.tile_rows, q, kv, pl, vis, out, lse)

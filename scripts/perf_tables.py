@@ -42,9 +42,11 @@ splits-ab: ``scripts/splits_ab.py``'s CSV (the fused kernel at a grid's split co
 ``choose_splits``'s, timed side by side): new over old time per group of prefix lengths, and the
 shapes where the new count lost.
 
-impl-vs: a verify grid's ``fused`` rows (the default kernel) against ``fused_tma_seq`` at the same
+impl-vs: a verify grid's ``pair`` rows (``fused_pair``, or ``fused`` in grids from before the
+per-launch choice, when ``fused`` ran ``pair`` everywhere) against ``fused_tma_seq`` at the same
 shapes, grouped by the schedule the cost model gives them (split count, the longest block's KV
-tiles, the blocks against one wave of the SMs): where the default is the slower of the two.
+tiles, the blocks against one wave of the SMs): where ``pair`` is the slower of the two, the rule
+``kdtree.attention.sm90_impl`` is read from.
 
 moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py``'s records
 (``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
@@ -94,7 +96,7 @@ def verify_grid(run: str) -> str:
     key = ["B", "N", "H", "P"]
     fu = f.set_index(key).us
     out += ["", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]
-    for other in ("cascade", "fused_tma_seq", "fused_wgmma"):
+    for other in ("cascade", "fused_pair", "fused_tma_seq", "fused_wgmma"):
         o = d[(d.config == other) & d.us.notna()].set_index(key).us
         r = (fu / o).dropna()
         if r.empty:  # a grid from before that kernel existed
@@ -323,7 +325,8 @@ def impl_vs(run: str, other: str = "fused_tma_seq") -> str:
     d = pd.read_parquet(next(folder.glob("*.parquet")))
     meta = json.loads(next(folder.glob("*.meta.json")).read_text())
     key = ["B", "N", "H", "P"]
-    f = d[(d.config == "fused") & d.us.notna()]
+    base = "fused_pair" if (d.config == "fused_pair").any() else "fused"
+    f = d[(d.config == base) & d.us.notna()]
     m = f.merge(d[(d.config == other) & d.us.notna()][key + ["us"]], on=key, suffixes=("", "_o"))
     rows = []
     for r in m.itertuples():
@@ -332,9 +335,9 @@ def impl_vs(run: str, other: str = "fused_tma_seq") -> str:
         rows.append(dict(splits=">= 8" if r.splits >= 8 else "< 8", tiles="<= 13" if t.block_tiles <= 13 else "> 13",
                          wave=">= 3/4" if t.blocks >= 0.75 * t.slots else "< 3/4", ratio=r.us / r.us_o))
     t = pd.DataFrame(rows)
-    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}): `fused` (`{meta['default_fused_impl']}`) "
-           f"time over `{other}`'s at the same shape, by the schedule of `fused`'s launch.", "",
-           "| splits | KV tiles of the longest block | blocks, of one wave | points | `fused` slower at "
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}): `{base}` (`pair`) "
+           f"time over `{other}`'s at the same shape, by the schedule of `pair`'s launch.", "",
+           "| splits | KV tiles of the longest block | blocks, of one wave | points | `pair` slower at "
            "| ratio min / median / max |", "|---|---|---|---|---|---|"]
     for (sp, ti, wa), g in t.groupby(["splits", "tiles", "wave"]):
         out.append(f"| {sp} | {ti} | {wa} | {len(g)} | {int((g.ratio > 1).sum())} | {_spread(g.ratio)} |")

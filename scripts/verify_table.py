@@ -7,8 +7,10 @@ every prefix P; input sets rotating over more than 2.5x the L2 where they fit, t
 before each replay: cold L2), every configuration checked against the float64 reference on the
 first and the last sequence, then timed under CUDA-graph replay (median and p20-p80 of per-call
 times; fewer repetitions and calls per graph for long calls). Variants: ``fused`` on the
-default kernel (the column ``default_impl`` names it) and on the others (``fused_tma_seq``, the
-default before, ``fused_tma``, ``fused_wgmma``, the first wgmma kernel, ``fused_mma``), ``cascade`` (default kernel),
+default kernel (on sm_90a the one ``launch_plan`` picks for the launch, ``pair`` or ``tma_seq``;
+the column ``impl`` names it, ``default_impl`` the rule) and on each kernel (``fused_pair``,
+``fused_tma_seq``, ``fused_tma``, ``fused_wgmma``, the first wgmma kernel, ``fused_mma``),
+``cascade`` (default kernel),
 ``naive`` where its predicted time is short, ``torch`` where its float32 score matrices fit and
 its predicted time is short (the ``skip`` column says why a variant was not run).
 
@@ -41,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention_dev import (ceilings, check_config, cost, input_sets, references, run_config,  # noqa: E402
                            time_config)
-from kdtree.attention import D_V, _num_sms, fused_impl, launch_plan  # noqa: E402
+from kdtree.attention import D_V, _num_sms, default_impl, fused_impl, launch_plan  # noqa: E402
 
 H64 = [(B, N, 64, P) for N in (9, 17, 33, 65, 129, 257, 513) for P in (1024, 4096, 16384, 32768)
        for B in (1, 4, 16)]
@@ -49,9 +51,11 @@ SHARDS = [(B, N, H, P) for H in (8, 16, 32) for N in (9, 17, 33, 65) for P in (4
           for B in (1, 8, 64)]
 SHAPES = H64 + SHARDS
 
-# (label, variant, impl); fused and cascade run the default fused kernel.
-CONFIGS = [("fused", "fused", None), ("cascade", "cascade", None), ("fused_tma_seq", "fused", "tma_seq"),
-           ("fused_wgmma", "fused", "wgmma"), ("fused_tma", "fused", "tma"), ("fused_mma", "fused", "mma"),
+# (label, variant, impl); fused and cascade run the default fused kernel (fused: the one
+# launch_plan picks for the launch, pair or tma_seq on sm_90a).
+CONFIGS = [("fused", "fused", None), ("cascade", "cascade", None), ("fused_pair", "fused", "pair"),
+           ("fused_tma_seq", "fused", "tma_seq"), ("fused_wgmma", "fused", "wgmma"), ("fused_tma", "fused", "tma"),
+           ("fused_mma", "fused", "mma"),
            ("naive", "naive", None), ("torch", "torch", None)]
 OPTIONAL = ("fused_tma", "fused_mma")  # dropped first when the time budget runs short
 ESSENTIAL = ("fused", "cascade")  # run even past the time budget
@@ -102,7 +106,8 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     bw, rate = ceilings()
-    default = fused_impl(0)
+    by_launch = default_impl(0) is None   # the sm_90a kernel chosen per launch
+    default = "pair|tma_seq" if by_launch else fused_impl(0)
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, HBM {bw / 1e12:.2f} TB/s, "
           f"bf16 {rate / 1e12:.0f} TFLOP/s; fused runs {default} by default", flush=True)
     shapes = SHAPES
@@ -130,7 +135,7 @@ def main(argv=None) -> int:
             reps, max_calls = (10, 8) if est < 1e-3 else (5, 1) if est < 10e-3 else (3, 1)
             for label, variant, impl in CONFIGS:
                 plan = (launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms,
-                                    impl=impl or default) if variant != "torch" else None)
+                                    impl=impl or default_impl(0)) if variant != "torch" else None)
                 row = dict(B=B, N=N, H=H, P=P, config=label, variant=variant,
                            impl=(plan.impl if plan else "torch"), default_impl=default,
                            layout=plan.layout if plan else "", tile_rows=plan.tile_rows if plan else 0,

@@ -18,8 +18,8 @@ import torch
 import kdtree
 import kdtree.kernels
 from attention_cases import LSE_TOL, REL_TOL, available_kernels, random_case, tree_to
-from kdtree.attention import (D_QK, D_V, choose_splits, errors, launch_plan, reference_attention,
-                              rows_n_tile, verify_attention, _run_cuda)
+from kdtree.attention import (D_QK, D_V, SM90_IMPL, choose_splits, errors, launch_plan, reference_attention,
+                              rows_n_tile, sm90_impl, verify_attention, _run_cuda)
 from kdtree.tensor_map import bf16_matrix_map
 from kdtree.tree import Tree
 
@@ -270,6 +270,50 @@ def test_launch_plan_rows_n_only_where_it_runs():
         launch_plan("cascade", layout="rows_n", **kw)
     with pytest.raises(ValueError, match="layout: expected one of"):
         launch_plan("fused", layout="cols", **kw)
+
+
+@pytest.mark.parametrize("splits, block_tiles, blocks, impl", [
+    (8, 13, 99, "tma_seq"), (26, 3, 130, "tma_seq"), (7, 13, 99, SM90_IMPL), (8, 14, 99, SM90_IMPL),
+    (8, 13, 98, SM90_IMPL), (1, 5, 1000, SM90_IMPL)])
+def test_sm90_impl_rule_at_its_edges(splits, block_tiles, blocks, impl):
+    """tma_seq at 8 splits or more, 13 KV tiles a block or fewer, three quarters of 132 SMs' wave
+    (99 blocks) or more; pair one step past any edge."""
+    assert sm90_impl(splits, block_tiles, blocks, 132) == impl
+
+
+def test_launch_plan_picks_the_sm90_kernel_per_launch_only_when_none_is_named():
+    """A fused launch of many short splits (B = 1, N = 9, H = 32, P = 16384: 26 splits of 10
+    tiles) runs tma_seq unless a kernel is named; cascade, the rows_n layout and a long launch keep
+    theirs; the rule sees the plan's own split count (a forced one included)."""
+    kw = dict(batch=1, nodes=9, heads=32, kv_rows=16384 + 9, num_sms=132)
+    auto = launch_plan("fused", **kw)
+    assert (auto.impl, auto.splits) == ("tma_seq", 26)
+    assert launch_plan("fused", impl="pair", **kw).impl == "pair"
+    assert launch_plan("cascade", **kw).impl == SM90_IMPL
+    assert launch_plan("fused", layout="rows_n", **kw).impl == "wgmma"
+    assert launch_plan("fused", splits=2, **kw).impl == SM90_IMPL
+    assert launch_plan("fused", **{**kw, "batch": 64}).impl == SM90_IMPL
+
+
+def test_the_sm90_choice_is_the_faster_kernel_of_the_committed_h200_grid():
+    """At every shape of the H200 grid where pair (then ``fused``) and tma_seq were both timed,
+    the kernel launch_plan now picks takes at most 5% more than the faster of the two, and the
+    rule's tma_seq launches were all faster than pair's."""
+    pd = pytest.importorskip("pandas")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    d = pd.read_parquet(os.path.join(root, "results", "verify_table_h200", "b7b0c86", "verify_table_h200.parquet"))
+    key = ["B", "N", "H", "P"]
+    pair = d[(d.config == "fused") & d.us.notna()].set_index(key).us
+    seq = d[(d.config == "fused_tma_seq") & d.us.notna()].set_index(key).us
+    both = pair.index.intersection(seq.index)
+    assert len(both) == 192
+    picked = {k: launch_plan("fused", batch=k[0], nodes=k[1], heads=k[2], kv_rows=k[3] + k[1], num_sms=132).impl
+              for k in both}
+    chosen = pd.Series({k: (seq if picked[k] == "tma_seq" else pair)[k] for k in both})
+    best = pd.concat([pair[both], seq[both]], axis=1).min(axis=1)
+    assert (chosen / best).max() <= 1.05
+    ours = [k for k in both if picked[k] == "tma_seq"]
+    assert len(ours) == 11 and all(seq[k] < pair[k] for k in ours)
 
 
 @pytest.mark.parametrize("impl", ["tma", "tma_seq", "pair"])

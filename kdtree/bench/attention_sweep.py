@@ -77,11 +77,12 @@ def call(variant, q, kv, pl, tree):
 
 
 def impl_of(variant: str, device: torch.device) -> str | None:
-    """The fused kernel a variant runs on ``device`` (None for variants without one)."""
+    """The fused kernel a variant runs on ``device``, as ``launch_plan``'s ``impl``: None for
+    variants without one and where the plan picks it per launch (``attention.default_impl``)."""
     if variant == "fused_mma":
         return "mma"
     if variant in ("fused", "cascade") and device.type == "cuda":
-        return attention.fused_impl(device.index or 0)
+        return attention.default_impl(device.index or 0)
     return None
 
 
