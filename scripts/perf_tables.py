@@ -21,7 +21,8 @@ rate with whole waves of blocks counted), per head group and prefix.
 
 trace-ends: a traced verify kernel's block start (to its first tile landed and first S issued)
 and end (last P V done to the block's end), from ``scripts/trace_attention.py``'s records; where
-the trace has entry records (the pair kernel's first instruction), the prologue before the start.
+the trace has entry records (the pair kernel's first instruction), the prologue before the start and
+the block's whole life (entry to end).
 
 moe: the 05 notebook's table (``05.parquet``, ``05.meta.json``, ``ceilings.json``): the bf16
 layer's fraction of HBM bandwidth and its time per routing and T, the kernel path's stage
@@ -47,6 +48,9 @@ per-launch choice, when ``fused`` ran ``pair`` everywhere) against ``fused_tma_s
 shapes, grouped by the schedule the cost model gives them (split count, the longest block's KV
 tiles, the blocks against one wave of the SMs): where ``pair`` is the slower of the two, the rule
 ``kdtree.attention.sm90_impl`` is read from.
+
+attention-dev: ``scripts/attention_dev.py``'s CSV: each configuration per shape, its time over
+``fused_tma_seq``'s.
 
 moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py``'s records
 (``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
@@ -168,7 +172,8 @@ def trace_ends(npz: str) -> str:
         row = {"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
                "last P V done -> end": max(clocks("end")) - max(clocks("pv_done"))}
         if clocks("entry"):  # (pair traces from 12ea8b5 on: the kernel's first instruction)
-            row = {"entry -> start (prologue, Q landed)": t0 - min(clocks("entry"))} | row
+            row = {"entry -> start (prologue, Q landed)": t0 - min(clocks("entry"))} | row | {
+                "entry -> end (the block's life)": max(clocks("end")) - min(clocks("entry"))}
         ends.append(row)
     e = pd.DataFrame(ends) / mhz
     out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
@@ -344,6 +349,21 @@ def impl_vs(run: str, other: str = "fused_tma_seq") -> str:
     return "\n".join(out)
 
 
+def attention_dev(csv: str, base: str = "fused_tma_seq") -> str:
+    """``scripts/attention_dev.py``'s CSV: each configuration's time, fractions and plan per shape,
+    and its time over ``base``'s at the same shape."""
+    d = pd.read_csv(csv)
+    key = ["B", "N", "H", "P"]
+    d = d.merge(d[d.config == base][key + ["us"]], on=key, suffixes=("", "_base"))
+    out = [f"From `{csv}` (graph replay, cold L2, median us; fractions of the dense bf16 rate and the HBM "
+           "bandwidth measured in that call):", "",
+           f"| B, N, H, P | config | layout, tile rows, splits | us | bf16 | HBM | / `{base}` |",
+           "|---|---|---|---|---|---|---|"]
+    out += [f"| {r.B}, {r.N}, {r.H}, {r.P} | {r.config} | {r.layout}, {r.tile_rows}, {r.splits} | {r.us:.1f} | "
+            f"{r.frac_bf16:.2f} | {r.frac_hbm:.2f} | {r.us / r.us_base:.2f} |" for r in d.itertuples()]
+    return "\n".join(out)
+
+
 def splits_ab(csv: str) -> str:
     d = pd.read_csv(csv)
     out = [f"From `{csv}` ({len(d)} shapes where the split count moved; the lower of two medians each):", "",
@@ -361,7 +381,7 @@ def splits_ab(csv: str) -> str:
 if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
-             "splits-ab": splits_ab, "impl-vs": impl_vs}
+             "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
