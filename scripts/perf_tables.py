@@ -49,6 +49,9 @@ shapes, grouped by the schedule the cost model gives them (split count, the long
 tiles, the blocks against one wave of the SMs): where ``pair`` is the slower of the two, the rule
 ``kdtree.attention.sm90_impl`` is read from.
 
+grid-vs: a verify grid's ``fused`` rows against ``fused_pair``'s, shape by shape, with the kernel
+``fused`` ran and each row's SM clock.
+
 attention-dev: ``scripts/attention_dev.py``'s CSV: each configuration per shape, its time over
 ``fused_tma_seq``'s.
 
@@ -364,6 +367,25 @@ def attention_dev(csv: str, base: str = "fused_tma_seq") -> str:
     return "\n".join(out)
 
 
+def grid_vs(run: str, other: str = "fused_pair") -> str:
+    """A verify grid's ``fused`` rows against ``other``'s, shape by shape, with the kernel ``fused``
+    ran, the split count and the SM clock of each row (a ratio across clocks is marked)."""
+    folder = Path(run)
+    d = pd.read_parquet(next(folder.glob("*.parquet")))
+    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    key = ["B", "N", "H", "P"]
+    m = d[(d.config == "fused") & d.us.notna()].merge(d[(d.config == other) & d.us.notna()][key + ["us", "sm_clock_mhz"]],
+                                                      on=key, suffixes=("", "_o"))
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}; graph replay, cold L2, median us):", "",
+           f"| B, N, H, P | `fused` runs | splits | `fused` us | `{other}` us | ratio | SM clock MHz |",
+           "|---|---|---|---|---|---|---|"]
+    for r in m.itertuples():
+        same = r.sm_clock_mhz == r.sm_clock_mhz_o
+        out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {r.impl} | {r.splits} | {r.us:.1f} | {r.us_o:.1f} | "
+                   f"{r.us / r.us_o:.3f}{'' if same else ' (clocks differ)'} | {r.sm_clock_mhz:.0f} / {r.sm_clock_mhz_o:.0f} |")
+    return "\n".join(out)
+
+
 def splits_ab(csv: str) -> str:
     d = pd.read_csv(csv)
     out = [f"From `{csv}` ({len(d)} shapes where the split count moved; the lower of two medians each):", "",
@@ -381,7 +403,8 @@ def splits_ab(csv: str) -> str:
 if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
-             "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev}
+             "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
+             "grid-vs": grid_vs}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
