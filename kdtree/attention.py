@@ -246,10 +246,10 @@ def sm90_impl(splits: int, block_tiles: int, blocks: int, num_sms: int) -> str:
     least 8 splits whose blocks walk at most 13 KV tiles and fill at least three quarters of a
     wave (one block per SM), else ``SM90_IMPL`` (``pair``).
 
-    ``pair`` hides one tile's softmax under the other's products, so it gains with the tiles a
-    block walks; a block's fixed cost (prologue, fp32 partial write) is larger in ``pair``. In an
-    H200 grid of 192 shapes ``pair`` was slower than ``tma_seq`` at all 11 launches this rule
-    names (1.06-1.11x, B = 1 shards) and at 3 others, by at most 4% (docs/perf_log.md, session 21).
+    ``pair`` hides one tile's softmax under the other's products, a gain that grows with the tiles
+    a block walks; the rule is read off measurements, not derived. In an H200 grid of 192 shapes ``pair`` was slower than ``tma_seq`` at all 11 launches this rule
+    names (1.06-1.11x, 10 of them at B = 1) and at 3 others, by at most 4% (docs/perf_log.md,
+    session 21).
 
     Parameters
     ----------
