@@ -247,9 +247,9 @@ def sm90_impl(splits: int, block_tiles: int, blocks: int, num_sms: int) -> str:
     wave (one block per SM), else ``SM90_IMPL`` (``pair``).
 
     ``pair`` hides one tile's softmax under the other's products, a gain that grows with the tiles
-    a block walks; the rule is read off measurements, not derived. In an H200 grid of 192 shapes ``pair`` was slower than ``tma_seq`` at all 11 launches this rule
-    names (1.06-1.11x, 10 of them at B = 1) and at 3 others, by at most 4% (docs/perf_log.md,
-    session 21).
+    a block walks; the rule is read off measurements, not derived. In an H200 grid of 192 shapes
+    ``pair`` was slower than ``tma_seq`` at all 11 launches this rule names (1.06-1.11x, 10 of them
+    at B = 1) and at 3 others, by at most 4% (docs/perf_log.md, session 21).
 
     Parameters
     ----------

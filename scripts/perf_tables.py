@@ -374,8 +374,8 @@ def grid_vs(run: str, other: str = "fused_pair") -> str:
     d = pd.read_parquet(next(folder.glob("*.parquet")))
     meta = json.loads(next(folder.glob("*.meta.json")).read_text())
     key = ["B", "N", "H", "P"]
-    m = d[(d.config == "fused") & d.us.notna()].merge(d[(d.config == other) & d.us.notna()][key + ["us", "sm_clock_mhz"]],
-                                                      on=key, suffixes=("", "_o"))
+    o = d[(d.config == other) & d.us.notna()][key + ["us", "sm_clock_mhz"]]
+    m = d[(d.config == "fused") & d.us.notna()].merge(o, on=key, suffixes=("", "_o"))
     out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}; graph replay, cold L2, median us):", "",
            f"| B, N, H, P | `fused` runs | splits | `fused` us | `{other}` us | ratio | SM clock MHz |",
            "|---|---|---|---|---|---|---|"]

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention_dev import (ceilings, check_config, cost, input_sets, references, run_config,  # noqa: E402
                            time_config)
-from kdtree.attention import D_V, _num_sms, default_impl, fused_impl, launch_plan  # noqa: E402
+from kdtree.attention import D_V, _num_sms, default_impl, launch_plan  # noqa: E402
 
 H64 = [(B, N, 64, P) for N in (9, 17, 33, 65, 129, 257, 513) for P in (1024, 4096, 16384, 32768)
        for B in (1, 4, 16)]
@@ -106,8 +106,8 @@ def main(argv=None) -> int:
     dev = torch.device("cuda")
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     bw, rate = ceilings()
-    by_launch = default_impl(0) is None   # the sm_90a kernel chosen per launch
-    default = "pair|tma_seq" if by_launch else fused_impl(0)
+    auto = default_impl(0)   # None: the sm_90a kernel chosen per launch
+    default = "pair|tma_seq" if auto is None else auto
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, HBM {bw / 1e12:.2f} TB/s, "
           f"bf16 {rate / 1e12:.0f} TFLOP/s; fused runs {default} by default", flush=True)
     shapes = SHAPES
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
             reps, max_calls = (10, 8) if est < 1e-3 else (5, 1) if est < 10e-3 else (3, 1)
             for label, variant, impl in CONFIGS:
                 plan = (launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms,
-                                    impl=impl or default_impl(0)) if variant != "torch" else None)
+                                    impl=impl or auto) if variant != "torch" else None)
                 row = dict(B=B, N=N, H=H, P=P, config=label, variant=variant,
                            impl=(plan.impl if plan else "torch"), default_impl=default,
                            layout=plan.layout if plan else "", tile_rows=plan.tile_rows if plan else 0,
