@@ -154,8 +154,9 @@ def grid_waves(run: str) -> str:
 
 def trace_ends(npz: str) -> str:
     """A traced verify kernel's block ends (``scripts/trace_attention.py``'s records): per traced
-    block, from its trace start to its first tile landed and to its first S issued, and from its
-    last P V done to its end (us; medians over the blocks, min and max)."""
+    block, from its trace start to its first tile landed and to its first S issued, from there to
+    its last P V done (its tiles), and from its last P V done to its end (us; medians over the
+    blocks, min and max)."""
     import runpy
 
     trace = runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
@@ -173,6 +174,7 @@ def trace_ends(npz: str) -> str:
         t0 = min(clocks("start"))  # (its tile field: the global timer)
         # (the last P V done: the latest record, as the pair kernel's last tile records no tile of its own)
         row = {"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
+               "S(0) issued -> last P V done (the tiles)": max(clocks("pv_done")) - min(at[("s_issued", 0)]),
                "last P V done -> end": max(clocks("end")) - max(clocks("pv_done"))}
         if clocks("entry"):  # (pair traces from 12ea8b5 on: the kernel's first instruction)
             row = {"entry -> start (prologue, Q landed)": t0 - min(clocks("entry"))} | row | {

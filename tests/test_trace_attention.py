@@ -78,7 +78,7 @@ def test_pair_traces_parse_and_bf16_rows_end_later_than_fp32_partials():
     assert all(np.median(_tail_us(n)) > 1.2 * fp32 for n in ("trace_pair_16_33_64_1024.npz", "trace_pair_16_33_64_4096.npz"))
 
 
-ENTRY = RUNS / "pair_entry"   # the pair kernel with its entry record (a globaltimer stamp at its first instruction)
+ENTRY = RUNS / "pair_entry_0f12ac9"   # the pair kernel with its entry record (a globaltimer stamp at its first instruction)
 
 
 def test_the_timeline_counts_tiles_not_timestamps():
