@@ -38,6 +38,7 @@
 // (cuda/attention_trace.cuh) thread 0 of each warpgroup records its handoffs in the first blocks
 // (scripts/trace_attention.py); without it the kernel is unchanged.
 #include "attention_common.cuh"
+#include "attention_merge.cuh"
 #include "attention_pingpong.cuh"
 #include "attention_tile.cuh"
 #include "attention_trace.cuh"
@@ -165,7 +166,8 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
                                           const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                           att_bf16* __restrict__ out, float* __restrict__ lse,
                                           float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
-                                          int N, int H, int W, int splits, int slot0, int mode, float scale_log2) {
+                                          int N, int H, int W, int splits, int slot0, int mode, float scale_log2,
+                                          int* merge_sync) {
   static_assert(FUSED_BM == 64 && FUSED_BN == 64 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
                 "verify_fused_pair: 64 x 64 tiles, 256 value columns a warpgroup, 9 boxes a tile");
   static_assert(PAIR_SMEM_BYTES <= 232448, "shared memory");
@@ -359,22 +361,29 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       att_trace_rec(tr, ATT_EV_S_DONE, a + 3);
     }
   }
-  pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
-                   PAIR_NB_ALL);
+  if (merge_sync != nullptr)  // the split merge in this launch (attention_merge.cuh): Q's and KV's space is free
+    pair_merge_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, splits, sRed, sM, reinterpret_cast<float*>(smem),
+                   reinterpret_cast<float*>(smem + FUSED_SMEM_Q), merge_sync, wg, r_lo, tig, tid, PAIR_NB_ALL);
+  else
+    pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
+                     PAIR_NB_ALL);
   att_trace_rec(tr, ATT_EV_END, n);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // kv and q are read only through `map` and `qmap` (the [B N H, 576] rows of q, 64 x 64 boxes like
-// the kv map's); the pointers stay for the common launch protocol.
+// the kv map's); the pointers stay for the common launch protocol. `merge_sync`: null, or (a split
+// launch of mode 0, cooperative, slot0 0) two zeroed ints per (sequence, row tile), and the blocks
+// merge their splits themselves (attention_merge.cuh) instead of a verify_combine launch.
 extern "C" __global__ void __launch_bounds__(PAIR_THREADS, 1)
     verify_fused_pair(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                       const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                       att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
                       float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
                       int mode, float scale_log2, const __grid_constant__ AttTensorMap map,
-                      const __grid_constant__ AttTensorMap qmap) {
+                      const __grid_constant__ AttTensorMap qmap, int* __restrict__ merge_sync) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  pair_body(&map, &qmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2);
+  pair_body(&map, &qmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2,
+            merge_sync);
 #endif
 }

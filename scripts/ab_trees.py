@@ -3,7 +3,8 @@
 A tree is a folder holding ``kdtree/`` and ``cuda/`` (``git archive <commit> kdtree cuda`` unpacked,
 or a copy with one change); each child process imports the package from it (``PYTHONPATH``) and
 prints one ``RESULT <json>`` line. Alternating the trees in one call keeps a slow or fast spell of
-the GPU from landing on one side only.
+the GPU from landing on one side only. ``TREE@NAME=VALUE`` runs the tree with that environment
+variable set (``.@KDTREE_SPLIT_MERGE=combine``: the same code, another launch plan).
 """
 from __future__ import annotations
 
@@ -19,7 +20,11 @@ def alternate(script: str, trees: list[str], args: list[str], passes: int = 2) -
     rows: dict[str, list] = {}
     for _ in range(passes):
         for tree in trees:
-            env = os.environ | {"PYTHONPATH": os.pathsep.join([str(Path(tree).resolve()), str(Path(script).parent)])}
+            path, _, setting = tree.partition("@")
+            env = os.environ | {"PYTHONPATH": os.pathsep.join([str(Path(path).resolve()), str(Path(script).parent)])}
+            if setting:
+                name, _, value = setting.partition("=")
+                env[name] = value
             res = subprocess.run([sys.executable, script, "--child", *args], env=env, capture_output=True, text=True)
             line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
             if res.returncode or not line:
@@ -35,7 +40,8 @@ def table(script: str, argv: list[str], defaults: list[str], key: str, width: in
     trees, items = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     items = items or defaults
     rows = alternate(script, trees, items)
-    names = [Path(t).resolve().name for t in trees]
+    names = [Path(t.partition("@")[0]).resolve().name + (f"@{t.partition('@')[2]}" if "@" in t else "")
+             for t in trees]
     head = f"{key:>15} " + (f"{lead[0]:>7} " if lead else "")
     print(head + " ".join(f"{n} #{r + 1}".rjust(width) for r in range(2) for n in names))
     for item in items:
