@@ -402,11 +402,24 @@ def splits_ab(csv: str) -> str:
     return "\n".join(out)
 
 
+def split_cost(csv: str) -> str:
+    """``scripts/split_cost.py`` output: the call, its split launch alone, what the merge adds to the
+    split launch, and the combine alone on partials already written."""
+    d = pd.read_csv(csv)
+    out = [f"From `{csv}` (graph replay, L2 flushed before each call, median us):", "",
+           "| B, N, H, P | kernel | splits | call | split launch alone | call - split launch | combine alone | SM clock MHz |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in d.itertuples():
+        out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {r.impl} | {r.splits} | {r.whole_us:.1f} | {r.split_us:.1f} | "
+                   f"{r.whole_us - r.split_us:.1f} | {r.combine_us:.1f} | {r.sm_clock_mhz:.0f} |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
-             "grid-vs": grid_vs}
+             "grid-vs": grid_vs, "split-cost": split_cost}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
