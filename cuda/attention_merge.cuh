@@ -6,13 +6,16 @@
 // split launch, and then every partial crosses the L2 twice. Here the S blocks of a row tile merge
 // their own results instead. The value columns are cut into S slices of 8-column units; split s
 // keeps slice s of its O in shared memory and writes the others to its partial slot, then the S
-// blocks meet at a counter in global memory, and split s merges slice s of every split's O into
-// the output. A block writes (S - 1) / S of its O and reads as much back, where the two launches
-// wrote all of it and read all of it again.
+// blocks meet at a counter in global memory, and split s copies slice s of the other splits' O
+// into its shared memory (bulk copies, all in flight at once) and merges it with its own into the
+// output. A block writes (S - 1) / S of its O and reads as much back, where the two launches wrote
+// all of it and read all of it again. (Read with plain loads instead, each thread's loads waited
+// for one slot at a time and the merge took 20 us at B = 1, N = 33, H = 64, P = 4096.)
 //
 // The blocks of a row tile wait for each other, so all of them must be resident at once: the host
 // runs this path only as a cooperative launch of at most one block per SM (the driver refuses it
-// otherwise), one pass of the ordinary fused function (mode 0, partial slots 0 .. S - 1).
+// otherwise), one pass of the ordinary fused function (mode 0, partial slots 0 .. S - 1), at most
+// MERGE_MAX_SPLITS splits.
 //
 // The merge computes what verify_combine computes, in the same order and with the same operations
 // (the lse-weighted sum over slots 0 .. S - 1 of the normalised partials), so both paths give the
@@ -25,7 +28,14 @@
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MERGE_UNITS (ATT_D_V / 8)                    // 8-column units of a value row
-#define MERGE_ITEMS (FUSED_BM * ATT_D_V / 4 / 2 / 256)  // float4s a thread merges at S = 2 (the most)
+#define MERGE_MAX_SPLITS 8                             // kdtree.attention._MERGE_MAX_SPLITS
+// Shared memory of the merge, from the kernel's 1024-aligned base: the own slice (64 rows, padded
+// stride), the other splits' slices (64 rows each, unpadded), the slot weights, one mbarrier.
+#define MERGE_REMOTE_OFF (64 * 280 * 4)
+#define MERGE_REMOTE_BYTES (6 * FUSED_BM * 32 * 10)  // the most: S = 7 (6 others' slices of up to 10 units)
+#define MERGE_W_OFF (MERGE_REMOTE_OFF + MERGE_REMOTE_BYTES)
+#define MERGE_BAR_OFF (MERGE_W_OFF + MERGE_MAX_SPLITS * FUSED_BM * 4)
+#define MERGE_SMEM_BYTES (MERGE_BAR_OFF + 8)
 
 __device__ __forceinline__ float merge_ldcg(const float* p) {
   float v;
@@ -33,10 +43,11 @@ __device__ __forceinline__ float merge_ldcg(const float* p) {
   return v;
 }
 
-__device__ __forceinline__ float4 merge_ldcg4(const float* p) {
-  float4 v;
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-  return v;
+// Copy engine, no tensor map: `bytes` (a multiple of 16) from global src to shared dst, counted on
+// mbarrier `bar`.
+__device__ __forceinline__ void merge_bulk_load(att_u32 dst, const void* src, int bytes, att_u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
 __device__ __forceinline__ int merge_load_acquire(const int* p) {
@@ -52,13 +63,17 @@ __device__ __forceinline__ int merge_u0(int s, int S) { return MERGE_UNITS * s /
 // banks apart (the quads of a warp store 8 rows at once).
 __device__ __forceinline__ int merge_stride(int nu) { return 8 * nu + ((8 - 8 * nu) & 31); }
 
-// The end of a block of split launch S > 1 that merges in the launch: in place of
-// pp_consumers_end. `stage` (>= 64 x 280 floats) and `sW` (S x 64 floats) are free shared memory;
-// `sync` holds two counters per (sequence, row tile), zero between launches.
+// The end of a block of split launch 1 < S <= MERGE_MAX_SPLITS that merges in the launch: in place
+// of pp_consumers_end. `smem` (1024-aligned) holds MERGE_SMEM_BYTES no longer in use; `sync` holds
+// two counters per (sequence, row tile), zero between launches.
 __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo, float l_hi, att_bf16* out,
                                                float* lse, float* o_part, float* lse_part, const FusedBlock& k,
-                                               int B, int S, float* sRed, const float* sM, float* stage, float* sW,
+                                               int B, int S, float* sRed, const float* sM, unsigned char* smem,
                                                int* sync, int wg, int r_lo, int tig, int tid, int nb) {
+  float* stage = reinterpret_cast<float*>(smem);
+  float* remote = reinterpret_cast<float*>(smem + MERGE_REMOTE_OFF);
+  float* sW = reinterpret_cast<float*>(smem + MERGE_W_OFF);
+  const att_u32 bar = att_smem_addr(smem + MERGE_BAR_OFF);
   pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_lo + 8, tig);
   nb_sync(nb, 256);  // both partial sums and the final sM
   fused_store_lse(lse, lse_part, true, k, B, 0, sRed, sM, tid);
@@ -79,8 +94,12 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
         fused_store_pair(out, o_part, k, B, 0, r, 8 * (u + u0) + 2 * tig, x0, x1);
     }
   }
+  if (tid == 0) {
+    mb_init(bar, 1);
+    mb_init_fence();
+  }
   __threadfence();   // this thread's partials, visible on the GPU before the block arrives
-  nb_sync(nb, 256);  // every thread's partials fenced, the slice staged
+  nb_sync(nb, 256);  // every thread's partials fenced, the slice staged, the barrier initialised
   int* arrive = sync + 2 * (k.b * gridDim.x + blockIdx.x);
   if (tid == 0) {
     atomicAdd(arrive, 1);
@@ -92,6 +111,17 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
   }
   nb_sync(nb, 256);  // every split's partials written
   const size_t stride = (size_t)B * k.NH, row0 = (size_t)k.b * k.NH + k.g0;
+  const int rows = min(FUSED_BM, k.NH - k.g0);
+  if (tid < 32) {  // the other splits' slices of the tile's rows, one bulk copy a (split, row)
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");  // their writes, before the copy engine reads
+    if (tid == 0) mb_arrive_expect_tx(bar, (S - 1) * rows * 32 * nu);
+    __syncwarp();
+    for (int c = tid; c < (S - 1) * rows; c += 32) {
+      const int j = c / rows, r = c - j * rows, s = j + (j >= k.split);
+      merge_bulk_load(att_smem_addr(remote + (j * FUSED_BM + r) * 8 * nu),
+                      o_part + (s * stride + row0 + r) * ATT_D_V + 8 * u0, 32 * nu, bar);
+    }
+  }
   if (tid < FUSED_BM && k.g0 + tid < k.NH) {  // the row's slot weights, as verify_combine's
     float mx = ATT_NEG_INF;
     for (int s = 0; s < S; ++s) mx = fmaxf(mx, merge_ldcg(lse_part + s * stride + row0 + tid));
@@ -104,35 +134,23 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
     if (k.split == 0) lse[row0 + tid] = sum > 0.f ? (mx + att_log2(sum)) * ATT_LN2 : ATT_NEG_INF;
   }
   nb_sync(nb, 256);  // the weights
-  const int per_row = 2 * nu, rows = min(FUSED_BM, k.NH - k.g0), items = rows * per_row;
-  float4 acc[MERGE_ITEMS];
-#pragma unroll
-  for (int m = 0; m < MERGE_ITEMS; ++m) acc[m] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s = 0; s < S; ++s) {
-    const float* part = o_part + (s * stride + row0) * ATT_D_V + 8 * u0;
-#pragma unroll
-    for (int m = 0; m < MERGE_ITEMS; ++m) {
-      const int it = tid + 256 * m;
-      if (it < items) {
-        const int r = it / per_row, f = it - r * per_row;
-        const float w = sW[s * FUSED_BM + r];
-        const float4 x = s == k.split ? *reinterpret_cast<const float4*>(stage + r * ld + 4 * f)
-                                      : merge_ldcg4(part + (size_t)r * ATT_D_V + 4 * f);
-        acc[m].x += w * x.x;
-        acc[m].y += w * x.y;
-        acc[m].z += w * x.z;
-        acc[m].w += w * x.w;
-      }
+  mb_wait(bar, 0);   // the other splits' slices
+  const int per_row = 2 * nu;
+  for (int it = tid; it < rows * per_row; it += 256) {
+    const int r = it / per_row, f = it - r * per_row;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < S; ++s) {
+      const float w = sW[s * FUSED_BM + r];
+      const float* x4 = s == k.split ? stage + r * ld + 4 * f
+                                     : remote + ((s - (s > k.split)) * FUSED_BM + r) * 8 * nu + 4 * f;
+      const float4 x = *reinterpret_cast<const float4*>(x4);
+      acc.x += w * x.x;
+      acc.y += w * x.y;
+      acc.z += w * x.z;
+      acc.w += w * x.w;
     }
-  }
-#pragma unroll
-  for (int m = 0; m < MERGE_ITEMS; ++m) {
-    const int it = tid + 256 * m;
-    if (it < items) {
-      const int r = it / per_row, f = it - r * per_row;
-      *reinterpret_cast<uint2*>(out + (row0 + r) * ATT_D_V + 8 * u0 + 4 * f) =
-          make_uint2(att_pack_bf16x2(acc[m].x, acc[m].y), att_pack_bf16x2(acc[m].z, acc[m].w));
-    }
+    *reinterpret_cast<uint2*>(out + (row0 + r) * ATT_D_V + 8 * u0 + 4 * f) =
+        make_uint2(att_pack_bf16x2(acc.x, acc.y), att_pack_bf16x2(acc.z, acc.w));
   }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -171,6 +171,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
   static_assert(FUSED_BM == 64 && FUSED_BN == 64 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
                 "verify_fused_pair: 64 x 64 tiles, 256 value columns a warpgroup, 9 boxes a tile");
   static_assert(PAIR_SMEM_BYTES <= 232448, "shared memory");
+  static_assert(MERGE_SMEM_BYTES <= FUSED_SMEM_Q + 2 * FUSED_SMEM_KV, "the merge's shared memory: Q's and KV's");
   static_assert(FUSED_SMEM_KV == PAIR_BOXES * PAIR_BOX_BYTES && FUSED_SMEM_P == PAIR_BOX_BYTES, "box sizes");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = fused_smem_base(smem_raw);
@@ -362,8 +363,8 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
     }
   }
   if (merge_sync != nullptr)  // the split merge in this launch (attention_merge.cuh): Q's and KV's space is free
-    pair_merge_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, splits, sRed, sM, reinterpret_cast<float*>(smem),
-                   reinterpret_cast<float*>(smem + FUSED_SMEM_Q), merge_sync, wg, r_lo, tig, tid, PAIR_NB_ALL);
+    pair_merge_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, splits, sRed, sM, smem, merge_sync, wg, r_lo, tig,
+                   tid, PAIR_NB_ALL);
   else
     pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
                      PAIR_NB_ALL);

@@ -83,6 +83,7 @@ _MAX_SPLITS = 32
 # How a split launch's partials are merged (LaunchPlan.merge): by a second launch (verify_combine),
 # or, for pair launches of one wave, by the split blocks themselves (cuda/attention_merge.cuh).
 MERGES = ("combine", "in_kernel")
+_MERGE_MAX_SPLITS = 8  # MERGE_MAX_SPLITS in cuda/attention_merge.cuh (its shared memory holds 7 other slices)
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
 # on an H200 (docs/perf_log.md, session 16); choose_splits weighs the fp32 partials with it, past
 # the first _PARTIAL_L2_BYTES of them (which stay in the L2: 0.4 of an H200's 60 MB).
@@ -286,8 +287,8 @@ def default_impl(index: int) -> str | None:
 
 def split_merge(impl: str, splits: int, blocks: int, num_sms: int) -> str:
     """How a ``fused`` launch of ``splits`` KV splits merges them: ``"in_kernel"`` where the
-    ``pair`` kernel runs every block at once (``blocks``, splits included, at most one per SM), else
-    ``"combine"`` (a second launch, ``verify_combine``).
+    ``pair`` kernel runs every block at once (``blocks``, splits included, at most one per SM) and
+    there are at most 8 splits, else ``"combine"`` (a second launch, ``verify_combine``).
 
     In the launch, the blocks of a row tile write all but their own slice of the value columns, wait
     for each other at a counter, and each merges its slice of every split
@@ -315,7 +316,7 @@ def split_merge(impl: str, splits: int, blocks: int, num_sms: int) -> str:
     forced = os.environ.get("KDTREE_SPLIT_MERGE")
     if forced is not None and forced not in MERGES:
         raise ValueError(f"KDTREE_SPLIT_MERGE: expected one of {MERGES}, got {forced!r}")
-    if forced == "combine" or impl != "pair" or splits < 2 or blocks > num_sms:
+    if forced == "combine" or impl != "pair" or not 2 <= splits <= _MERGE_MAX_SPLITS or blocks > num_sms:
         return "combine"
     return "in_kernel"
 
@@ -503,8 +504,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         return LaunchPlan("fused", impl, layout, tile, 1, 0, 1)
     rule = split_merge(impl, s, blocks * s, num_sms) if merge != "combine" else "combine"
     if merge == "in_kernel" and rule != "in_kernel":
-        raise ValueError(f"merge: 'in_kernel' needs the pair kernel and at most {num_sms} blocks; this launch runs "
-                         f"{impl} with {blocks * s}")
+        raise ValueError(f"merge: 'in_kernel' needs the pair kernel, at most {_MERGE_MAX_SPLITS} splits and at most "
+                         f"{num_sms} blocks; this launch runs {impl} with {s} splits and {blocks * s} blocks")
     merge = rule
     return LaunchPlan("fused", impl, layout, tile, s, s, 1 if merge == "in_kernel" else 2, merge)
 

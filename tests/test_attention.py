@@ -301,6 +301,7 @@ def test_launch_plan_picks_the_sm90_kernel_per_launch_only_when_none_is_named():
 @pytest.mark.parametrize("impl, splits, blocks, merge", [
     ("pair", 4, 132, "in_kernel"), ("pair", 2, 2, "in_kernel"),     # one wave: the blocks merge
     ("pair", 4, 133, "combine"),                                      # a second wave could not start
+    ("pair", 8, 8, "in_kernel"), ("pair", 9, 9, "combine"),           # at most 8 other slices
     ("tma_seq", 8, 96, "combine"), ("wgmma", 3, 30, "combine"),       # only pair merges in the kernel
 ])
 def test_split_merge_rule(impl, splits, blocks, merge, monkeypatch):
@@ -818,7 +819,8 @@ def test_split_counts(variant, impl, layout, splits, gen):
 MERGE_CASES = [
     (1, 33, 64, [4096], None, 4),                # 33 row tiles x 4 splits: the whole GPU
     (2, 70, 16, [700, 0], [70, 31], 3),          # 1120 rows: 18 tiles (the last 32 rows); empty splits
-    (1, 9, 8, [3000], None, 32),                 # 72 rows in 2 tiles, 32 splits of which 8 hold no tile
+    (1, 9, 8, [3000], None, 8),                  # 72 rows in 2 tiles, the most splits
+    (2, 9, 8, [3000, 50], None, 7),              # 7 splits (slices of 9 and 10 units); splits with no tile
     (3, 17, 8, [0, 1, 2000], [17, 5, 9], 2),     # 136 rows; sequences with no and a 1-row prefix
     (1, 513, 8, [100], [300], 2),                # 9 mask words, 65 row tiles
 ]
