@@ -9,8 +9,8 @@
 // blocks meet at a counter in global memory, and split s copies slice s of the other splits' O
 // into its shared memory (bulk copies, all in flight at once) and merges it with its own into the
 // output. A block writes (S - 1) / S of its O and reads as much back, where the two launches wrote
-// all of it and read all of it again. (Read with plain loads instead, each thread's loads waited
-// for one slot at a time and the merge took 20 us at B = 1, N = 33, H = 64, P = 4096.)
+// all of it and read all of it again. Every load of the merge is in flight with the others: read
+// one slot after another, each waited for, they took 10-20 us at B = 1, N = 33, H = 64, P = 4096.
 //
 // The blocks of a row tile wait for each other, so all of them must be resident at once: the host
 // runs this path only as a cooperative launch of at most one block per SM (the driver refuses it
@@ -36,12 +36,6 @@
 #define MERGE_W_OFF (MERGE_REMOTE_OFF + MERGE_REMOTE_BYTES)
 #define MERGE_BAR_OFF (MERGE_W_OFF + MERGE_MAX_SPLITS * FUSED_BM * 4)
 #define MERGE_SMEM_BYTES (MERGE_BAR_OFF + 8)
-
-__device__ __forceinline__ float merge_ldcg(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
-  return v;
-}
 
 // Copy engine, no tensor map: `bytes` (a multiple of 16) from global src to shared dst, counted on
 // mbarrier `bar`.
@@ -98,10 +92,10 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
     mb_init(bar, 1);
     mb_init_fence();
   }
-  __threadfence();   // this thread's partials, visible on the GPU before the block arrives
-  nb_sync(nb, 256);  // every thread's partials fenced, the slice staged, the barrier initialised
+  nb_sync(nb, 256);  // every thread's partials stored, the slice staged, the barrier initialised
   int* arrive = sync + 2 * (k.b * gridDim.x + blockIdx.x);
   if (tid == 0) {
+    __threadfence();  // the block's partials (ordered before it by the barrier), visible before it arrives
     atomicAdd(arrive, 1);
     while (merge_load_acquire(arrive) < S) __nanosleep(32);
     if (atomicAdd(arrive + 1, 1) == S - 1) {  // the last block past the wait resets both counters
@@ -122,15 +116,24 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
                       o_part + (s * stride + row0 + r) * ATT_D_V + 8 * u0, 32 * nu, bar);
     }
   }
-  if (tid < FUSED_BM && k.g0 + tid < k.NH) {  // the row's slot weights, as verify_combine's
+  {  // every split's lse of the tile's rows into sW: a thread's two loads in flight together (a load
+     // each slot after slot, waited for one by one, took 10 us)
+    const int n = S * rows, t0 = tid, t1 = tid + 256;
+    const float v0 = t0 < n ? __ldcg(lse_part + (t0 / rows) * stride + row0 + t0 % rows) : 0.f;
+    const float v1 = t1 < n ? __ldcg(lse_part + (t1 / rows) * stride + row0 + t1 % rows) : 0.f;
+    if (t0 < n) sW[(t0 / rows) * FUSED_BM + t0 % rows] = v0;
+    if (t1 < n) sW[(t1 / rows) * FUSED_BM + t1 % rows] = v1;
+  }
+  nb_sync(nb, 256);  // the lse values
+  if (tid < rows) {  // the row's slot weights in their place, as verify_combine's
     float mx = ATT_NEG_INF;
-    for (int s = 0; s < S; ++s) mx = fmaxf(mx, merge_ldcg(lse_part + s * stride + row0 + tid));
+    for (int s = 0; s < S; ++s) mx = fmaxf(mx, sW[s * FUSED_BM + tid]);
     float sum = 0.f;
     if (mx != ATT_NEG_INF)
-      for (int s = 0; s < S; ++s) sum += att_exp2(merge_ldcg(lse_part + s * stride + row0 + tid) - mx);
+      for (int s = 0; s < S; ++s) sum += att_exp2(sW[s * FUSED_BM + tid] - mx);
     const float inv = 1.f / sum;
     for (int s = 0; s < S; ++s)
-      sW[s * FUSED_BM + tid] = sum > 0.f ? att_exp2(merge_ldcg(lse_part + s * stride + row0 + tid) - mx) * inv : 0.f;
+      sW[s * FUSED_BM + tid] = sum > 0.f ? att_exp2(sW[s * FUSED_BM + tid] - mx) * inv : 0.f;
     if (k.split == 0) lse[row0 + tid] = sum > 0.f ? (mx + att_log2(sum)) * ATT_LN2 : ATT_NEG_INF;
   }
   nb_sync(nb, 256);  // the weights
