@@ -25,10 +25,17 @@
 
 #include "attention_pingpong.cuh"
 #include "attention_tile.cuh"
+#include "attention_trace.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MERGE_UNITS (ATT_D_V / 8)                    // 8-column units of a value row
 #define MERGE_MAX_SPLITS 8                             // kdtree.attention._MERGE_MAX_SPLITS
+// Trace records of the merge (-DATT_TRACE): event ATT_EV_EMPTY, these in the tile field.
+#define MERGE_TR_STORED 1000   // the block's partials stored, its slice staged
+#define MERGE_TR_MET 1001      // every split of the row tile arrived
+#define MERGE_TR_LSE 1002      // every split's lse in shared memory
+#define MERGE_TR_WEIGHTS 1003  // the weights
+#define MERGE_TR_LANDED 1004   // the other splits' slices landed
 // Shared memory of the merge, from the kernel's 1024-aligned base: the own slice (64 rows, padded
 // stride), the other splits' slices (64 rows each, unpadded), the slot weights, one mbarrier.
 #define MERGE_REMOTE_OFF (64 * 280 * 4)
@@ -63,7 +70,7 @@ __device__ __forceinline__ int merge_stride(int nu) { return 8 * nu + ((8 - 8 * 
 __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo, float l_hi, att_bf16* out,
                                                float* lse, float* o_part, float* lse_part, const FusedBlock& k,
                                                int B, int S, float* sRed, const float* sM, unsigned char* smem,
-                                               int* sync, int wg, int r_lo, int tig, int tid, int nb) {
+                                               int* sync, int wg, int r_lo, int tig, int tid, int nb, AttTrace& tr) {
   float* stage = reinterpret_cast<float*>(smem);
   float* remote = reinterpret_cast<float*>(smem + MERGE_REMOTE_OFF);
   float* sW = reinterpret_cast<float*>(smem + MERGE_W_OFF);
@@ -93,6 +100,7 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
     mb_init_fence();
   }
   nb_sync(nb, 256);  // every thread's partials stored, the slice staged, the barrier initialised
+  att_trace_rec(tr, ATT_EV_EMPTY, MERGE_TR_STORED);
   int* arrive = sync + 2 * (k.b * gridDim.x + blockIdx.x);
   if (tid == 0) {
     __threadfence();  // the block's partials (ordered before it by the barrier), visible before it arrives
@@ -104,6 +112,7 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
     }
   }
   nb_sync(nb, 256);  // every split's partials written
+  att_trace_rec(tr, ATT_EV_EMPTY, MERGE_TR_MET);
   const size_t stride = (size_t)B * k.NH, row0 = (size_t)k.b * k.NH + k.g0;
   const int rows = min(FUSED_BM, k.NH - k.g0);
   if (tid < 32) {  // the other splits' slices of the tile's rows, one bulk copy a (split, row)
@@ -125,6 +134,7 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
     if (t1 < n) sW[(t1 / rows) * FUSED_BM + t1 % rows] = v1;
   }
   nb_sync(nb, 256);  // the lse values
+  att_trace_rec(tr, ATT_EV_EMPTY, MERGE_TR_LSE);
   if (tid < rows) {  // the row's slot weights in their place, as verify_combine's
     float mx = ATT_NEG_INF;
     for (int s = 0; s < S; ++s) mx = fmaxf(mx, sW[s * FUSED_BM + tid]);
@@ -137,7 +147,9 @@ __device__ __forceinline__ void pair_merge_end(const float (&o)[128], float l_lo
     if (k.split == 0) lse[row0 + tid] = sum > 0.f ? (mx + att_log2(sum)) * ATT_LN2 : ATT_NEG_INF;
   }
   nb_sync(nb, 256);  // the weights
+  att_trace_rec(tr, ATT_EV_EMPTY, MERGE_TR_WEIGHTS);
   mb_wait(bar, 0);   // the other splits' slices
+  att_trace_rec(tr, ATT_EV_EMPTY, MERGE_TR_LANDED);
   const int per_row = 2 * nu;
   for (int it = tid; it < rows * per_row; it += 256) {
     const int r = it / per_row, f = it - r * per_row;

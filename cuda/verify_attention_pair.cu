@@ -364,7 +364,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
   }
   if (merge_sync != nullptr)  // the split merge in this launch (attention_merge.cuh): Q's and KV's space is free
     pair_merge_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, splits, sRed, sM, smem, merge_sync, wg, r_lo, tig,
-                   tid, PAIR_NB_ALL);
+                   tid, PAIR_NB_ALL, tr);
   else
     pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
                      PAIR_NB_ALL);
