@@ -38,7 +38,6 @@
 // (cuda/attention_trace.cuh) thread 0 of each warpgroup records its handoffs in the first blocks
 // (scripts/trace_attention.py); without it the kernel is unchanged.
 #include "attention_common.cuh"
-#include "attention_merge.cuh"
 #include "attention_pingpong.cuh"
 #include "attention_tile.cuh"
 #include "attention_trace.cuh"
@@ -166,12 +165,10 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
                                           const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                           att_bf16* __restrict__ out, float* __restrict__ lse,
                                           float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
-                                          int N, int H, int W, int splits, int slot0, int mode, float scale_log2,
-                                          int* merge_sync) {
+                                          int N, int H, int W, int splits, int slot0, int mode, float scale_log2) {
   static_assert(FUSED_BM == 64 && FUSED_BN == 64 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
                 "verify_fused_pair: 64 x 64 tiles, 256 value columns a warpgroup, 9 boxes a tile");
   static_assert(PAIR_SMEM_BYTES <= 232448, "shared memory");
-  static_assert(MERGE_SMEM_BYTES <= FUSED_SMEM_Q + 2 * FUSED_SMEM_KV, "the merge's shared memory: Q's and KV's");
   static_assert(FUSED_SMEM_KV == PAIR_BOXES * PAIR_BOX_BYTES && FUSED_SMEM_P == PAIR_BOX_BYTES, "box sizes");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = fused_smem_base(smem_raw);
@@ -362,29 +359,22 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       att_trace_rec(tr, ATT_EV_S_DONE, a + 3);
     }
   }
-  if (merge_sync != nullptr)  // the split merge in this launch (attention_merge.cuh): Q's and KV's space is free
-    pair_merge_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, splits, sRed, sM, smem, merge_sync, wg, r_lo, tig,
-                   tid, PAIR_NB_ALL, tr);
-  else
-    pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
-                     PAIR_NB_ALL);
+  pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
+                   PAIR_NB_ALL);
   att_trace_rec(tr, ATT_EV_END, n);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // kv and q are read only through `map` and `qmap` (the [B N H, 576] rows of q, 64 x 64 boxes like
-// the kv map's); the pointers stay for the common launch protocol. `merge_sync`: null, or (a split
-// launch of mode 0, cooperative, slot0 0) two zeroed ints per (sequence, row tile), and the blocks
-// merge their splits themselves (attention_merge.cuh) instead of a verify_combine launch.
+// the kv map's); the pointers stay for the common launch protocol.
 extern "C" __global__ void __launch_bounds__(PAIR_THREADS, 1)
     verify_fused_pair(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                       const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                       att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
                       float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
                       int mode, float scale_log2, const __grid_constant__ AttTensorMap map,
-                      const __grid_constant__ AttTensorMap qmap, int* __restrict__ merge_sync) {
+                      const __grid_constant__ AttTensorMap qmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  pair_body(&map, &qmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2,
-            merge_sync);
+  pair_body(&map, &qmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2);
 #endif
 }

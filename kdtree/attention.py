@@ -21,9 +21,8 @@ Variants (all selectable by name, see ``verify_attention``):
   warpgroup, and ``tma``), the first wgmma kernel (``impl="wgmma"``,
   ``cuda/verify_attention_wgmma.cu``) and a transposed one (KV tokens on M, the rows on N in 8-row
   groups: ``cuda/verify_attention_rows_n.cu``, ``layout="rows_n"``) run only when asked. Elsewhere
-  the mma.sync kernel (``cuda/verify_attention.cu``, NVRTC). A ``pair`` launch of several KV
-  splits that fits one wave merges its splits in the same launch (``split_merge``); other split
-  launches merge in a second one. ``launch_plan`` says what runs, per shape.
+  the mma.sync kernel (``cuda/verify_attention.cu``, NVRTC). ``launch_plan`` says what runs, per
+  shape.
 * ``torch``: the reference in float32 (works on CPU and under CUDA graphs).
 """
 from __future__ import annotations
@@ -80,10 +79,6 @@ _TMA_THREADS = 384
 # mbarriers (PAIR_SMEM_BYTES), 256 threads (no producer warpgroup).
 _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 _MAX_SPLITS = 32
-# How a split launch's partials are merged (LaunchPlan.merge): by a second launch (verify_combine),
-# or, for pair launches of one wave, by the split blocks themselves (cuda/attention_merge.cuh).
-MERGES = ("combine", "in_kernel")
-_MERGE_MAX_SPLITS = 8  # MERGE_MAX_SPLITS in cuda/attention_merge.cuh (its shared memory holds 7 other slices)
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
 # on an H200 (docs/perf_log.md, session 16); choose_splits weighs the fp32 partials with it, past
 # the first _PARTIAL_L2_BYTES of them (which stay in the L2: 0.4 of an H200's 60 MB).
@@ -285,42 +280,6 @@ def default_impl(index: int) -> str | None:
     return None if impl == SM90_IMPL and "KDTREE_FUSED_IMPL" not in os.environ else impl
 
 
-def split_merge(impl: str, splits: int, blocks: int, num_sms: int) -> str:
-    """How a ``fused`` launch of ``splits`` KV splits merges them: ``"in_kernel"`` where the
-    ``pair`` kernel runs every block at once (``blocks``, splits included, at most one per SM) and
-    there are at most 8 splits, else ``"combine"`` (a second launch, ``verify_combine``).
-
-    In the launch, the blocks of a row tile write all but their own slice of the value columns, wait
-    for each other at a counter, and each merges its slice of every split
-    (``cuda/attention_merge.cuh``); the launch is cooperative, so the driver refuses it rather than
-    run blocks that would wait for blocks not yet resident. ``KDTREE_SPLIT_MERGE=combine`` forces the
-    second launch (for comparisons). On an H200 the second launch added 5.6-12.5 us to calls of
-    32-120 us (docs/perf_log.md, session 22).
-
-    Parameters
-    ----------
-    impl : str
-        The launch's fused kernel.
-    splits : int
-        KV splits (above 1).
-    blocks : int
-        Blocks of the launch (row tiles x sequences x splits).
-    num_sms : int
-        Streaming multiprocessors.
-
-    Returns
-    -------
-    str
-        One of ``MERGES``.
-    """
-    forced = os.environ.get("KDTREE_SPLIT_MERGE")
-    if forced is not None and forced not in MERGES:
-        raise ValueError(f"KDTREE_SPLIT_MERGE: expected one of {MERGES}, got {forced!r}")
-    if forced == "combine" or impl != "pair" or not 2 <= splits <= _MERGE_MAX_SPLITS or blocks > num_sms:
-        return "combine"
-    return "in_kernel"
-
-
 def rows_n_tile(rows: int) -> int:
     """Rows per block of the ``rows_n`` layout for a sequence of ``rows`` (node x head) rows.
 
@@ -338,9 +297,7 @@ def _rows_n_kernel(tile_rows: int) -> str:
 
 
 def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode,
-                  scale_log2, merge_sync=None):
-    """One launch of a fused kernel; ``merge_sync`` (pair only): the zeroed counters of a split
-    launch that merges in the kernel (``_merge_sync``), launched cooperative."""
+                  scale_log2):
     from kdtree.kernels import launch, ptr
 
     B, N, H, _ = q.shape
@@ -363,34 +320,15 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
         args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK,
                                                           _FUSED_BN, 64))
         if pair:  # pair also loads Q with the copy engine: q's [B N H, 576] rows, the same boxes
-            args += (bf16_matrix_map(q.data_ptr(), B * N * H, D_QK, 2 * D_QK, _FUSED_BM, 64),
-                     ptr(merge_sync) if merge_sync is not None else null)
+            args += (bf16_matrix_map(q.data_ptr(), B * N * H, D_QK, 2 * D_QK, _FUSED_BM, 64),)
         launch(fn, grid, (_FUSED_THREADS if pair else _TMA_THREADS,), args,
-               shared_mem=_PAIR_SMEM if pair else _TMA_SMEM, device=q.device, cooperative=merge_sync is not None)
+               shared_mem=_PAIR_SMEM if pair else _TMA_SMEM, device=q.device)
         return
     if impl == "wgmma":
         fn = _kernel("verify_fused_wgmma", _index(q.device), _SRC_WGMMA, "nvcc")
     else:
         fn = _kernel("verify_fused", _index(q.device))
     launch(fn, grid, (_FUSED_THREADS,), args + (np.float32(scale_log2),), shared_mem=_FUSED_SMEM, device=q.device)
-
-
-_SYNC: dict[tuple[int, int], torch.Tensor] = {}  # (device, stream) -> zeroed merge counters
-
-
-def _merge_sync(device: torch.device, counters: int) -> torch.Tensor:
-    """Zeroed int32 counters for an in-kernel split merge, two per (sequence, row tile). The kernel
-    leaves them zero, so one buffer per device and stream serves every call on that stream
-    (concurrent calls on one stream cannot overlap). Grown outside a CUDA-graph capture; a capture
-    that needs more than the buffer holds gets fresh zeros of its own (a memset in the graph)."""
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    buf = _SYNC.get(key)
-    if buf is None or buf.numel() < 2 * counters:
-        fresh = torch.zeros(max(2 * counters, 1 << 14), dtype=torch.int32, device=device)
-        if torch.cuda.is_current_stream_capturing():
-            return fresh
-        _SYNC[key] = buf = fresh
-    return buf
 
 
 def _launch_combine(o_part, lse_part, out, lse):
@@ -425,9 +363,6 @@ class LaunchPlan:
         fp32 partial sets written (``splits`` when split, plus one for cascade's tree pass; 0 if none).
     launches : int
         Kernel launches per call.
-    merge : str
-        How the partials are merged: ``"none"`` (no split), ``"combine"`` (a second launch) or
-        ``"in_kernel"`` (by the split blocks, ``split_merge``).
     """
 
     variant: str
@@ -437,12 +372,10 @@ class LaunchPlan:
     splits: int
     partial_slots: int
     launches: int
-    merge: str = "none"
 
 
 def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int,
-                impl: str | None = None, splits: int | None = None, layout: str | None = None,
-                merge: str | None = None) -> LaunchPlan:
+                impl: str | None = None, splits: int | None = None, layout: str | None = None) -> LaunchPlan:
     """The launch plan of a CUDA verify-attention call, computed on the host without a GPU.
 
     Parameters
@@ -467,9 +400,6 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         everywhere: on an H200 the rows_n kernel costs about 1.4x rows_m's time per KV tile at
         every row count it supports, and it needs as many blocks, so it lost at every measured
         shape, the padded H = 8, N = 9 one included (docs/perf_log.md, verify_attention v4).
-    merge : str, optional
-        Force how a ``fused`` launch of several splits merges them, one of ``MERGES`` (default:
-        ``split_merge``); ``"in_kernel"`` where the launch cannot is a ``ValueError``.
 
     Returns
     -------
@@ -488,8 +418,6 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     if layout == "rows_n" and (impl != "wgmma" or variant != "fused"):
         raise ValueError("layout: 'rows_n' runs only the fused variant on the wgmma kernel")
-    if merge not in (None,) + MERGES:
-        raise ValueError(f"merge: expected one of {MERGES}, got {merge!r}")
     rows = nodes * heads
     tile = rows_n_tile(rows) if layout == "rows_n" else _FUSED_BM
     layout = layout or "rows_m"
@@ -498,16 +426,9 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
     if by_launch:
         impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
-    if variant == "cascade":
-        return LaunchPlan("cascade", impl, layout, tile, s, s + 1, 3, "combine")
-    if s == 1:
-        return LaunchPlan("fused", impl, layout, tile, 1, 0, 1)
-    rule = split_merge(impl, s, blocks * s, num_sms) if merge != "combine" else "combine"
-    if merge == "in_kernel" and rule != "in_kernel":
-        raise ValueError(f"merge: 'in_kernel' needs the pair kernel, at most {_MERGE_MAX_SPLITS} splits and at most "
-                         f"{num_sms} blocks; this launch runs {impl} with {s} splits and {blocks * s} blocks")
-    merge = rule
-    return LaunchPlan("fused", impl, layout, tile, s, s, 1 if merge == "in_kernel" else 2, merge)
+    if variant == "fused":
+        return LaunchPlan("fused", impl, layout, tile, s, s if s > 1 else 0, 2 if s > 1 else 1)
+    return LaunchPlan("cascade", impl, layout, tile, s, s + 1, 3)
 
 
 def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, impl=None, layout=None):
@@ -540,9 +461,6 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
         return
     o_part = torch.empty((plan.partial_slots, B, N * H, D_V), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((plan.partial_slots, B, N * H), dtype=torch.float32, device=q.device)
-    if plan.merge == "in_kernel":
-        _launch_fused(*kern, o_part, lse_part, s, 0, 0, scale_log2, _merge_sync(q.device, B * -(-N * H // _FUSED_BM)))
-        return
     if variant == "fused":
         _launch_fused(*kern, o_part, lse_part, s, 0, 0, scale_log2)
     else:  # cascade: prefix pass (split), tree pass, merge

@@ -187,7 +187,6 @@ class _LaunchConfig(ctypes.Structure):      # CUlaunchConfig
                 ("num_attrs", ctypes.c_uint)]
 
 
-_COOPERATIVE = 2                           # CU_LAUNCH_ATTRIBUTE_COOPERATIVE
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6     # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _CTYPES = {np.uint64: ctypes.c_uint64, np.int32: ctypes.c_int32, np.float32: ctypes.c_float,
            np.int64: ctypes.c_int64, np.uint32: ctypes.c_uint32}
@@ -210,28 +209,22 @@ def _pdl_capable(idx: int) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _attributes(pdl: bool, cooperative: bool):
-    """The launch attributes asked for, as a ctypes array (read by the driver during the call only,
-    so one object serves every launch)."""
-    ids = [i for i, on in ((_PROGRAMMATIC_STREAM_SERIALIZATION, pdl), (_COOPERATIVE, cooperative)) if on]
-    attrs = (_LaunchAttribute * len(ids))()
-    for attr, i in zip(attrs, ids):
-        attr.id = i
-        attr.value[0] = 1
-    return attrs
+def _pss_attribute() -> _LaunchAttribute:
+    """The one launch attribute of a programmatic dependent launch (read by the driver during the
+    call only, so one object serves every launch)."""
+    attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1
+    return attr
 
 
-def _launch_ex(fn, grid, block, args, shared_mem: int, stream: int, pdl: bool, cooperative: bool) -> None:
-    """``fn`` by ``cuLaunchKernelEx`` with programmatic stream serialization and / or a cooperative
-    launch (every block resident at once, or the launch fails). Built for little host time (an
-    eager layer makes several launches): argument values by address (numpy arrays, such as tensor
-    maps, by value from their buffer), the attributes shared."""
-    vals = [a if isinstance(a, np.ndarray) else _CTYPES[type(a)](a) for a in args]
-    addrs = [v.ctypes.data if isinstance(v, np.ndarray) else ctypes.addressof(v) for v in vals]
-    params = (ctypes.c_void_p * len(vals))(*addrs)
+def _launch_pdl(fn, grid, block, args, shared_mem: int, stream: int) -> None:
+    """``fn`` by ``cuLaunchKernelEx`` with programmatic stream serialization allowed. Built for
+    little host time (an eager layer makes several launches): argument values by address, the
+    attribute shared."""
+    vals = [_CTYPES[type(a)](a) for a in args]
+    params = (ctypes.c_void_p * len(vals))(*map(ctypes.addressof, vals))
     g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-    attrs = _attributes(pdl, cooperative)
-    cfg = _LaunchConfig(g, b, shared_mem, stream, ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)), len(attrs))
+    cfg = _LaunchConfig(g, b, shared_mem, stream, ctypes.pointer(_pss_attribute()), 1)
     lib = _driver()
     handle = getattr(fn, "kernel", fn).ptr   # RawKernel -> its Function on the current device
     err = lib.cuLaunchKernelEx(ctypes.byref(cfg), handle, params, None)
@@ -241,15 +234,13 @@ def _launch_ex(fn, grid, block, args, shared_mem: int, stream: int, pdl: bool, c
         raise RuntimeError(f"cuLaunchKernelEx: {(msg.value or b'').decode()} (CUresult {err})")
 
 
-def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None, pdl: bool = False,
-           cooperative: bool = False) -> None:
+def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None, pdl: bool = False) -> None:
     """Launch ``fn`` on torch's current stream for ``device`` (fetched now, so graphs capture it).
 
     ``args`` are kernel arguments already converted (``ptr(t)``, ``np.int32(x)``...). The
     dynamic shared-memory limit is raised once per kernel and device, not queried per launch.
     ``pdl``: programmatic dependent launch where the device has it (sm_90 and later; the module
-    docstring says what the kernel must do), a plain launch elsewhere. ``cooperative``: every
-    block resident at once (blocks of the launch may wait for each other), or a ``RuntimeError``.
+    docstring says what the kernel must do), a plain launch elsewhere.
     """
     import cupy
     import torch
@@ -263,9 +254,8 @@ def launch(fn, grid, block, args, *, shared_mem: int = 0, device=None, pdl: bool
         if shared_mem > 48 * 1024 and _SMEM_LIMIT.get(key, 48 * 1024) < shared_mem:
             fn.max_dynamic_shared_size_bytes = shared_mem
             _SMEM_LIMIT[key] = shared_mem
-        pdl = pdl and _pdl_capable(idx)
-        if pdl or cooperative:
-            _launch_ex(fn, grid, block, args, shared_mem, stream.ptr, pdl, cooperative)
+        if pdl and _pdl_capable(idx):
+            _launch_pdl(fn, grid, block, args, shared_mem, stream.ptr)
         else:
             fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem, stream=stream)
 

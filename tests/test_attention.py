@@ -19,8 +19,7 @@ import kdtree
 import kdtree.kernels
 from attention_cases import LSE_TOL, REL_TOL, available_kernels, random_case, tree_to
 from kdtree.attention import (D_QK, D_V, SM90_IMPL, choose_splits, errors, launch_plan, reference_attention,
-                              rows_n_tile, sm90_impl, split_merge, verify_attention, _run_cuda)
-import kdtree.attention as kdtree_attention
+                              rows_n_tile, sm90_impl, verify_attention, _run_cuda)
 from kdtree.tensor_map import bf16_matrix_map
 from kdtree.tree import Tree
 
@@ -254,9 +253,7 @@ def test_launch_plan_layout(layout, heads, nodes, batch, rows_n_tile_rows):
     blocks = -(-(nodes * heads) // tile) * batch
     assert blocks == -(-(nodes * heads) // 64) * batch
     assert p.splits == choose_splits(blocks, 16384 + nodes, 132, batch * nodes * heads)
-    assert p.partial_slots == (p.splits if p.splits > 1 else 0)
-    merge = split_merge(p.impl, p.splits, blocks * p.splits, 132) if p.splits > 1 else "none"
-    assert p.merge == merge and p.launches == (2 if merge == "combine" else 1)
+    assert p.partial_slots == (p.splits if p.splits > 1 else 0) and p.launches == (2 if p.splits > 1 else 1)
 
 
 def test_launch_plan_rows_n_only_where_it_runs():
@@ -296,39 +293,6 @@ def test_launch_plan_picks_the_sm90_kernel_per_launch_only_when_none_is_named():
     assert launch_plan("fused", layout="rows_n", **kw).impl == "wgmma"
     assert launch_plan("fused", splits=2, **kw).impl == SM90_IMPL
     assert launch_plan("fused", **{**kw, "batch": 64}).impl == SM90_IMPL
-
-
-@pytest.mark.parametrize("impl, splits, blocks, merge", [
-    ("pair", 4, 132, "in_kernel"), ("pair", 2, 2, "in_kernel"),     # one wave: the blocks merge
-    ("pair", 4, 133, "combine"),                                      # a second wave could not start
-    ("pair", 8, 8, "in_kernel"), ("pair", 9, 9, "combine"),           # at most 8 other slices
-    ("tma_seq", 8, 96, "combine"), ("wgmma", 3, 30, "combine"),       # only pair merges in the kernel
-])
-def test_split_merge_rule(impl, splits, blocks, merge, monkeypatch):
-    monkeypatch.delenv("KDTREE_SPLIT_MERGE", raising=False)
-    assert split_merge(impl, splits, blocks, 132) == merge
-    monkeypatch.setenv("KDTREE_SPLIT_MERGE", "combine")
-    assert split_merge(impl, splits, blocks, 132) == "combine"
-    monkeypatch.setenv("KDTREE_SPLIT_MERGE", "in_kernl")
-    with pytest.raises(ValueError, match="KDTREE_SPLIT_MERGE: expected one of"):
-        split_merge(impl, splits, blocks, 132)
-
-
-def test_launch_plan_merge(monkeypatch):
-    """A one-wave pair split launch merges in the kernel (one launch); forced, the plan follows or
-    refuses; cascade and one-split plans never do."""
-    monkeypatch.delenv("KDTREE_SPLIT_MERGE", raising=False)
-    kw = dict(batch=1, nodes=33, heads=64, kv_rows=4096 + 33, num_sms=132)
-    p = launch_plan("fused", **kw)
-    assert (p.impl, p.splits, p.merge, p.launches, p.partial_slots) == ("pair", 4, "in_kernel", 1, 4)
-    c = launch_plan("fused", merge="combine", **kw)
-    assert (c.partial_slots, c.launches, c.merge) == (4, 2, "combine")
-    assert launch_plan("cascade", **kw).merge == "combine"
-    assert launch_plan("fused", splits=1, **kw).merge == "none"
-    with pytest.raises(ValueError, match="merge: 'in_kernel' needs the pair kernel"):
-        launch_plan("fused", impl="tma_seq", merge="in_kernel", **kw)
-    with pytest.raises(ValueError, match="merge: expected one of"):
-        launch_plan("fused", merge="fused", **kw)
 
 
 def test_the_sm90_choice_is_the_faster_kernel_of_the_committed_h200_grid():
@@ -811,45 +775,6 @@ def test_split_counts(variant, impl, layout, splits, gen):
     _run_cuda(variant, q, kv, pl, tree, SCALE, *out, splits=splits, impl=impl, layout=layout)
     torch.cuda.synchronize()
     _check(*out, ref)
-
-
-# Split launches the pair kernel merges in the launch: 2 to 32 splits, splits with no tiles (ragged
-# and empty prefixes), a last row tile cut short (N H not a multiple of 64), one row tile, 9 mask
-# words; (B, N, H, prefix lengths, real nodes, splits).
-MERGE_CASES = [
-    (1, 33, 64, [4096], None, 4),                # 33 row tiles x 4 splits: the whole GPU
-    (2, 70, 16, [700, 0], [70, 31], 3),          # 1120 rows: 18 tiles (the last 32 rows); empty splits
-    (1, 9, 8, [3000], None, 8),                  # 72 rows in 2 tiles, the most splits
-    (2, 9, 8, [3000, 50], None, 7),              # 7 splits (slices of 9 and 10 units); splits with no tile
-    (3, 17, 8, [0, 1, 2000], [17, 5, 9], 2),     # 136 rows; sequences with no and a 1-row prefix
-    (1, 513, 8, [100], [300], 2),                # 9 mask words, 65 row tiles
-]
-
-
-@gpu
-@pytest.mark.parametrize("case", MERGE_CASES, ids=_ids(MERGE_CASES))
-def test_in_kernel_merge_matches_the_combine_bit_for_bit(case, gen, monkeypatch):
-    """The pair kernel's own split merge gives the bits of the split launch plus verify_combine
-    (the same sum in the same order), is correct against float64, and leaves its counters zero for
-    the next call; twice in a row, so the second call runs on the counters the first left."""
-    _need_impl("pair")
-    B, N, H, pls, nn, splits = case
-    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
-    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
-    two = _poisoned(B, N, H, "cuda")
-    monkeypatch.setenv("KDTREE_SPLIT_MERGE", "combine")
-    _run_cuda("fused", q, kv, pl, tree, SCALE, *two, splits=splits, impl="pair")
-    monkeypatch.delenv("KDTREE_SPLIT_MERGE")
-    plan = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=kv.shape[1], num_sms=kdtree_attention._num_sms(0),
-                       impl="pair", splits=splits)
-    assert plan.merge == "in_kernel" and plan.launches == 1
-    for _ in range(2):
-        one = _poisoned(B, N, H, "cuda")
-        _run_cuda("fused", q, kv, pl, tree, SCALE, *one, splits=splits, impl="pair")
-        torch.cuda.synchronize()
-        assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
-        _check(*one, ref)
-        assert not kdtree_attention._merge_sync(q.device, 1).any()
 
 
 @gpu

@@ -41,37 +41,32 @@ def test_pdl_launch_structs_match_cuda_h():
     assert ctypes.sizeof(cfg) == 56
 
 
-@pytest.mark.parametrize("pdl, cooperative", [(True, False), (False, True), (True, True)])
-def test_launch_ex_marshals_arguments(monkeypatch, pdl, cooperative):
-    """What ``_launch_ex`` hands the driver, read back as the driver would: the grid and block
-    padded to three dimensions, shared memory, stream, the attributes asked for (programmatic stream
-    serialization, cooperative; value 1 each), each scalar argument's value at its address by its
-    type, and a numpy array (a tensor map) by value from its own buffer."""
+def test_pdl_launch_marshals_arguments(monkeypatch):
+    """What ``_launch_pdl`` hands the driver, read back as the driver would: the grid and block
+    padded to three dimensions, shared memory, stream, the one attribute (programmatic stream
+    serialization, value 1), and each argument's value at its address, by its type."""
     import ctypes
 
     import numpy as np
 
     seen = {}
-    blob = np.arange(16, dtype=np.uint64)
 
     class Lib:
         def cuLaunchKernelEx(self, cfg_ref, handle, params, extra):
             cfg = cfg_ref._obj
+            attr = cfg.attrs.contents
             seen.update(grid=list(cfg.grid), block=list(cfg.block), smem=cfg.shared_mem, stream=cfg.stream,
-                        attrs=[(cfg.attrs[i].id, cfg.attrs[i].value[0]) for i in range(cfg.num_attrs)],
-                        handle=handle,
+                        n_attrs=cfg.num_attrs, attr=(attr.id, attr.value[0]), handle=handle,
                         args=[ctypes.c_uint64.from_address(params[0]).value,
                               ctypes.c_int32.from_address(params[1]).value,
-                              ctypes.c_float.from_address(params[2]).value,
-                              list((ctypes.c_uint64 * 16).from_address(params[3]))])
+                              ctypes.c_float.from_address(params[2]).value])
             return 0
 
     class Fn:
         ptr = 1234
 
     monkeypatch.setattr(kernels, "_driver", lambda: Lib())
-    kernels._launch_ex(Fn(), (7, 2), (128,), (np.uint64(2 ** 40 + 3), np.int32(-5), np.float32(0.25), blob), 4096,
-                       99, pdl, cooperative)
-    attrs = [(kernels._PROGRAMMATIC_STREAM_SERIALIZATION, 1)] * pdl + [(kernels._COOPERATIVE, 1)] * cooperative
-    assert seen == dict(grid=[7, 2, 1], block=[128, 1, 1], smem=4096, stream=99, attrs=attrs, handle=1234,
-                        args=[2 ** 40 + 3, -5, 0.25, list(range(16))])
+    kernels._launch_pdl(Fn(), (7, 2), (128,), (np.uint64(2 ** 40 + 3), np.int32(-5), np.float32(0.25)), 4096, 99)
+    assert seen == dict(grid=[7, 2, 1], block=[128, 1, 1], smem=4096, stream=99, n_attrs=1,
+                        attr=(kernels._PROGRAMMATIC_STREAM_SERIALIZATION, 1), handle=1234,
+                        args=[2 ** 40 + 3, -5, 0.25])

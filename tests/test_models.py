@@ -35,11 +35,10 @@ def test_useful_flops_and_minimum_bytes_follow_the_mla_model():
     assert c.bytes_min == rows * 576 * 2 + rows * (512 * 2 + 4) + 2 * (100 + 9) * ROW + 2 * 9 * 1 * 8
 
 
-@pytest.mark.parametrize("impl", ["wgmma", "pair"])
 @pytest.mark.parametrize("B,N,H,P", [(1, 33, 64, 4096), (1, 257, 64, 4096), (16, 65, 64, 4096), (4, 9, 8, 100)])
-def test_fused_follows_the_launch_plan(B, N, H, P, impl):
-    plan = _plan("fused", B, N, H, P, impl)
-    c = models.verify_attention_cost("fused", batch=B, nodes=N, heads=H, prefix=P, impl=impl)
+def test_fused_follows_the_launch_plan(B, N, H, P):
+    plan = _plan("fused", B, N, H, P)
+    c = models.verify_attention_cost("fused", batch=B, nodes=N, heads=H, prefix=P)
     assert c.launches == plan.launches and len(c.parts) == plan.launches
     tiles = math.ceil(N * H / plan.tile_rows)
     # executed FLOPs: every row tile (padding rows included) over every 64-row KV tile
@@ -50,15 +49,7 @@ def test_fused_follows_the_launch_plan(B, N, H, P, impl):
     q, kv = rows * 576 * 2, B * (P + N) * ROW
     main = c.parts[0]
     # every block loads its Q tile (once per split) and its split's KV range (once per row tile)
-    loads = q * plan.splits + B * tiles * (P + N) * ROW + B * N * math.ceil(N / 64) * 8
-    if plan.merge == "in_kernel":  # the blocks exchange all but their own slice of O, and every lse
-        exchanged = (plan.splits - 1) * rows * 512 * 4 + plan.splits * rows * 4
-        assert impl == "pair" and plan.launches == 1 and main.kernel == "verify_fused_pair"
-        assert main.l2_read == pytest.approx(loads + exchanged)
-        assert main.l2_write == pytest.approx(exchanged + rows * (512 * 2 + 4))
-        assert c.dram_read == pytest.approx(q + kv + B * N * math.ceil(N / 64) * 8)
-        return
-    assert main.l2_read == pytest.approx(loads)
+    assert main.l2_read == pytest.approx(q * plan.splits + B * tiles * (P + N) * ROW + B * N * math.ceil(N / 64) * 8)
     if plan.partial_slots:       # split: the partials are written, then read back by the combine
         assert main.l2_write == partials and c.parts[1].kernel == "verify_combine"
         assert c.parts[1].dram_read == partials and c.parts[1].carried == partials
@@ -68,11 +59,9 @@ def test_fused_follows_the_launch_plan(B, N, H, P, impl):
         assert main.l2_write == rows * (2 * 512 * 2 + 4) and c.hbm_bytes == c.dram_bytes
 
 
-def test_b1_n33_p4096_fused_moves_its_partials_through_dram_under_a_flush(monkeypatch):
-    # 4 splits merged by a second launch: 17.3 MB of fp32 partials written and read back beside a
-    # 9.4 MB minimum; the H200's counters read 24.6 MB from DRAM (tests/test_counters.py checks the
-    # export).
-    monkeypatch.setenv("KDTREE_SPLIT_MERGE", "combine")
+def test_b1_n33_p4096_fused_moves_its_partials_through_dram_under_a_flush():
+    # 4 splits: 17.3 MB of fp32 partials written and read back beside a 9.4 MB minimum; the
+    # H200's counters read 24.6 MB from DRAM (tests/test_counters.py checks the export).
     c = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
     assert c.launches == 2 and c.dram_read == pytest.approx(24.5e6, rel=0.01)
     assert c.bytes_min == pytest.approx(9.36e6, rel=0.01) and "4 KV splits" in c.note
@@ -89,8 +78,7 @@ def test_cascade_writes_one_partial_set_per_split_plus_the_tree_pass():
     assert f"{plan.partial_slots} fp32 partial sets" in c.note
 
 
-def test_recorded_splits_and_impl_fix_the_plan(monkeypatch):
-    monkeypatch.setenv("KDTREE_SPLIT_MERGE", "combine")
+def test_recorded_splits_and_impl_fix_the_plan():
     free = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
     one = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096, splits=1)
     assert free.launches == 2 and one.launches == 1 and one.dram_read < free.dram_read
@@ -104,23 +92,9 @@ def test_recorded_splits_and_impl_fix_the_plan(monkeypatch):
     pp = models.cost_for_row(row | {"impl": "tma", "splits": None})
     assert pp.parts[0].kernel == "verify_fused_tma" and pp.dram_read == free.dram_read
     assert pp.flops_exec == free.flops_exec and pp.launches == free.launches
-    monkeypatch.delenv("KDTREE_SPLIT_MERGE")
     cols = models.launch_plan_columns("fused", batch=1, nodes=33, heads=64, kv_rows=4129)
     assert cols == {"splits": _plan("fused", 1, 33, 64, 4096).splits, "layout": _plan("fused", 1, 33, 64, 4096).layout,
-                    "impl": SM90_IMPL, "merge": "in_kernel"}
-
-
-def test_a_row_without_its_merge_predates_the_in_kernel_merge():
-    """A recorded split row without a ``merge`` column ran a second launch (the old plan); one that
-    records ``in_kernel`` costs one launch that writes and reads back less than the two did."""
-    row = {"kernel": "verify_attention", "variant": "fused", "q_len": 33, "batch": 1, "heads": 64, "prefix": 4096,
-           "splits": 4, "impl": "pair", "layout": "rows_m"}
-    old, new = models.cost_for_row(row), models.cost_for_row(row | {"merge": "in_kernel"})
-    assert old.launches == 2 and old.parts[1].kernel == "verify_combine"
-    assert new.launches == 1 and new.parts[0].kernel == "verify_fused_pair"
-    assert new.l2_write < old.l2_write and new.dram_read < old.dram_read
-    with pytest.raises(ValueError, match="merge: 'in_kernel' needs the pair kernel"):
-        models.cost_for_row(row | {"merge": "in_kernel", "impl": "tma_seq"})
+                    "impl": SM90_IMPL}
 
 
 def test_naive_rereads_the_latent_per_head_and_query_but_dram_sees_it_once():
@@ -257,14 +231,11 @@ def test_whole_waves_roof_names_the_schedule_and_the_time_beyond_it():
     assert (f"whole-wave-bound at 50% (272 blocks of up to 17 KV tiles in 3 waves of 132 take {t['waves']:.3g} us "
             f"at the tensor-core rate, 69% of that SM time on tiles; {t['waves'] / 3:.3g} us a wave beyond it)"
             ) in r["diagnosis"]
-    # a split call: the longest block holds ceil(tiles / splits) tiles; a combine launch's time is in
-    # the rest; merged in the launch, there is no other launch
-    for merge, other in (("combine", True), ("in_kernel", False)):
-        s = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096, impl="pair", splits=4,
-                                         merge=merge)
-        assert s.schedule == "132 blocks of up to 17 KV tiles in 1 wave of 132"
-        d = roofline.classify_point(s, H200, 100.0, "graph", "cold", "fused", "verify_attention")["diagnosis"]
-        assert ("the call's other 1 launch included" in d) == other
+    # a split call: the longest block holds ceil(tiles / splits) tiles; the combine's time is in the rest
+    s = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096, impl="pair", splits=4)
+    assert s.schedule == "132 blocks of up to 17 KV tiles in 1 wave of 132"
+    d = roofline.classify_point(s, H200, 100.0, "graph", "cold", "fused", "verify_attention")["diagnosis"]
+    assert "the call's other 1 launch included" in d
     naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
     assert naive.schedule == "" and "waves" not in roofline.roof_times(naive, H200, "graph", "cold")
 
@@ -298,8 +269,7 @@ def test_counter_bytes_replace_the_models_memory_roofs():
     assert r["bound"] == "waves" and "memory roofs from the counters: 24.8 MB DRAM, 94.1 MB" in r["diagnosis"]
 
 
-def test_eager_points_get_the_host_floor_not_a_device_roof(monkeypatch):
-    monkeypatch.setenv("KDTREE_SPLIT_MERGE", "combine")  # the split calls here merge in a second launch
+def test_eager_points_get_the_host_floor_not_a_device_roof():
     small = models.verify_attention_cost("fused", batch=1, nodes=2, heads=8, prefix=1)
     r = roofline.classify_point(small, H200, 380.0, "eager", "warm", "fused", "verify_attention")
     assert r["bound"] == "host" and r["fraction"] == pytest.approx(0.5) and math.isnan(r["ideal_us"])
@@ -312,8 +282,7 @@ def test_eager_points_get_the_host_floor_not_a_device_roof(monkeypatch):
     assert g["bound"] == "launch" and "launch-bound" in g["diagnosis"]
 
 
-def test_eager_points_use_the_floor_timed_beside_them_plus_their_extra_launches(monkeypatch):
-    monkeypatch.setenv("KDTREE_SPLIT_MERGE", "combine")  # the split calls here merge in a second launch
+def test_eager_points_use_the_floor_timed_beside_them_plus_their_extra_launches():
     # the interleaved floor of the trivial call (1 launch) replaces the run's per-op floor (190 us);
     # a split call (2 launches: partials and combine) adds one eager launch to it
     split = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)

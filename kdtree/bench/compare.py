@@ -71,7 +71,7 @@ from kdtree.bench.display import eng, fmt
 # What names a point: the sweep parameters, what ran, how it was timed, and the launch plan.
 KEYS = ("kernel", "variant", "path", "stage", "table", "decode", "accuracy", "phase", "component", "routing", "zipf_a",
         "model", "preset", "layers", "gpus", "budget", "q_len", "prefix", "batch", "heads", "depth", "topk", "tokens",
-        "nodes", "layout", "impl", "splits", "merge", "mode", "l2")
+        "nodes", "layout", "impl", "splits", "mode", "l2")
 # metric -> (label, unit, higher is better, spread columns or None). Times are in us.
 # (The speedup over greedy decoding is a ratio of two compared throughputs: not a metric here.)
 METRICS = {

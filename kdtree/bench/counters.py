@@ -252,7 +252,7 @@ _FIGURES = {
 _LEVEL = {"dram_bytes": "DRAM", "dram_read": "DRAM", "dram_write": "DRAM", "l2_read": "L2", "l2_served": "L2",
           "l2_write": "L2", "tensor_flops": "tensor"}
 POINT_COLUMNS = ("kernel", "variant", "batch", "q_len", "heads", "prefix", "budget", "depth", "topk", "splits",
-                 "layout", "impl", "merge")
+                 "layout", "impl")
 
 
 def compare(joined: pd.DataFrame, per_launch: bool = True) -> pd.DataFrame:

@@ -254,8 +254,7 @@ def _spill(read: float, written: float, l2: float) -> float:
 
 
 def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_rows: int, kv_tokens: int,
-               splits: int, partials: float, out: float, vis: float, resident: int, l2_bytes: float,
-               merge_in: bool = False) -> Launch:
+               splits: int, partials: float, out: float, vis: float, resident: int, l2_bytes: float) -> Launch:
     """One launch of a fused tile kernel (``cuda/attention_tile.cuh``) over ``kv_tokens`` KV rows.
 
     Blocks are (row tile, split, sequence), row tile fastest, one resident per SM (the kernel's
@@ -272,8 +271,6 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     keep: :data:`SHARED_COPY` for KV read by SMs of both halves, :data:`FAR_COPY` for rows one
     SM reads. Written bytes reach HBM during the launch only beyond what the L2 holds, and never
     those of the last wave (written at the end, they are still in the L2 when the launch ends).
-    ``merge_in``: the split blocks merge in the launch (``cuda/attention_merge.cuh``): they write
-    the ``partials`` they exchange, read them back and write the output.
     """
     tiles = math.ceil(kv_tokens / KV_TILE)
     per_split = math.ceil(tiles / splits) if tiles else 0
@@ -283,10 +280,10 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     q = batch * seq_rows * KV_ROW_BYTES
     blocks = batch * splits * row_tiles
     q_block = q / (batch * row_tiles)
-    written = partials + out if merge_in else partials if partials else out
+    written = partials if partials else out
     per_block = written / blocks
     kv_read = batch * sum(split_rows) * KV_ROW_BYTES
-    l2_read = q * busy + row_tiles * kv_read + vis + (partials if merge_in else 0.0)
+    l2_read = q * busy + row_tiles * kv_read + vis
     # waves: the KV each one touches (one read per group of blocks) and its distinct Q tiles
     waves = math.ceil(blocks / resident)
     merged, reread, last_foot = vis, 0.0, 0.0
@@ -307,8 +304,7 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     footprint = SHARED_COPY * kv_read + FAR_COPY * q + written
     last_wave = (blocks - (waves - 1) * resident) * per_block
     spill = float(min(written - last_wave, max(0.0, footprint - l2_bytes))) if l2_bytes else float(written)
-    bf16_out = out + batch * seq_rows * V_DIM * BF16                              # bf16 halves: 2 sector writes
-    l2_write = partials + out if merge_in else partials if partials else bf16_out
+    l2_write = partials if partials else out + batch * seq_rows * V_DIM * BF16     # bf16 halves: 2 sector writes
     tile_flops = tile_rows * KV_TILE * ATTN_FLOPS_PER_TOKEN
     flops_exec = batch * row_tiles * tiles * tile_flops
     return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
@@ -317,13 +313,13 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
 
 
 def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int, impl: str | None,
-          splits: int | None, layout: str | None = None, merge: str | None = None):
+          splits: int | None, layout: str | None = None):
     from kdtree.attention import launch_plan
 
     base = "fused" if variant.startswith("fused") else variant
     if impl is None and variant == "fused_mma":
         impl = "mma"
-    kw = ({} if layout is None else {"layout": layout}) | ({} if merge in (None, "none") else {"merge": merge})
+    kw = {} if layout is None else {"layout": layout}
     return launch_plan(base, batch=batch, nodes=nodes, heads=heads, kv_rows=kv_rows, num_sms=num_sms,
                        impl=impl, splits=splits, **kw)
 
@@ -331,8 +327,7 @@ def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sm
 def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, prefix: int,
                           tree_visible: float | None = None, kv_rows: int | None = None,
                           num_sms: int = H200_SMS, impl: str | None = None, splits: int | None = None,
-                          layout: str | None = None, merge: str | None = None,
-                          l2_bytes: float = H200_L2_BYTES) -> Cost:
+                          layout: str | None = None, l2_bytes: float = H200_L2_BYTES) -> Cost:
     """FLOPs and bytes of one tree-verify MLA attention call, launch by launch.
 
     Parameters
@@ -350,8 +345,6 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     num_sms, impl, splits, layout
         As for ``kdtree.attention.launch_plan`` (``impl`` defaults to ``attention.SM90_IMPL``, ``mma``
         for ``fused_mma``; ``splits`` and ``layout`` force the recorded plan).
-    merge : str, optional
-        How the splits merge (``attention.MERGES``; ``"none"`` or None: the plan's rule).
     l2_bytes : float
         L2 capacity: written bytes beyond what fits beside the inputs reach HBM.
 
@@ -394,7 +387,7 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         return Cost(flops, bytes_min, "tensor", (part,),
                     f"no byte model for variant {variant!r}; minimum bytes assumed", float(l2_bytes))
 
-    plan = _plan(variant, B, N, H, S, num_sms, impl, splits, layout, merge)
+    plan = _plan(variant, B, N, H, S, num_sms, impl, splits, layout)
     # rows_n entries carry their warpgroup split as a suffix (verify_fused_rows_n24...)
     # the wgmma kernels (v4, the v6 tma kernels, v8 pair) move the same tiles; the name joins the counters
     kernel = {"rows_n": "verify_fused_rows_n"}.get(plan.layout,
@@ -416,13 +409,6 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         parts = (pass_launch(P, plan.splits), pass_launch(N, 1), combine(plan.partial_slots))
         note = (f"prefix pass ({plan.splits} split{'s' if plan.splits > 1 else ''}) + tree pass + lse merge: "
                 f"{plan.launches} launches, {plan.partial_slots} fp32 partial sets")
-    elif plan.merge == "in_kernel":  # all but its own slice of each block's O, and every lse, exchanged
-        exchanged = (plan.splits - 1) * rows * V_DIM * F32 + plan.splits * rows * F32
-        parts = (_tile_pass(kernel, batch=B, seq_rows=N * H, row_tiles=row_tiles, tile_rows=plan.tile_rows,
-                            kv_tokens=P + N, splits=plan.splits, partials=exchanged, out=out, vis=vis,
-                            resident=num_sms, l2_bytes=l2_bytes, merge_in=True),)
-        note = (f"single pass on tensor cores in {plan.splits} KV splits merged in the launch: "
-                f"{exchanged / 1e6:.1f} MB of fp32 partials exchanged through the L2")
     elif plan.partial_slots:
         parts = (pass_launch(P + N, plan.splits), combine(plan.partial_slots))
         note = (f"single pass on tensor cores in {plan.splits} KV splits: fp32 partials "
@@ -438,12 +424,12 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
 
 def launch_plan_columns(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int,
                         num_sms: int = H200_SMS, impl: str | None = None) -> dict:
-    """``splits``, ``layout``, ``impl`` and ``merge`` of a verify-attention call, for its results
-    row (empty strings and 1 split for variants without a launch plan)."""
+    """``splits``, ``layout`` and ``impl`` of a verify-attention call, for its results row
+    (empty strings and 1 split for variants without a launch plan)."""
     if not (variant.startswith("fused") or variant in ("cascade", "naive")):
-        return {"splits": 1, "layout": "", "impl": variant, "merge": ""}
+        return {"splits": 1, "layout": "", "impl": variant}
     p = _plan(variant, batch, nodes, heads, kv_rows, num_sms, impl, None)
-    return {"splits": p.splits, "layout": p.layout, "impl": p.impl, "merge": p.merge}
+    return {"splits": p.splits, "layout": p.layout, "impl": p.impl}
 
 
 def build_tree_cost(variant: str, *, batch: int, budget: int, depth: int, topk: int | None = None,
@@ -522,7 +508,7 @@ MODELS = {
 _ARGS = {
     "verify_attention": {"batch": "batch", "nodes": "q_len", "heads": "heads", "prefix": "prefix",
                          "tree_visible": "tree_visible?", "kv_rows": "kv_rows?", "impl": "impl?",
-                         "splits": "splits?", "layout": "layout?", "merge": "merge?"},
+                         "splits": "splits?", "layout": "layout?"},
     "build_tree": {"batch": "batch", "budget": "budget", "depth": "depth", "topk": "topk?"},
     "accept_tree": {"batch": "batch", "budget": "budget", "depth": "depth"},
     "compact_kv": {"batch": "batch", "depth": "depth", "accepted": "accepted?", "moved": "moved?"},
@@ -544,10 +530,9 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
     """The cost of one result row (a mapping with ``kernel``, ``variant`` and shape columns).
 
     ``q_len`` may be given as ``budget`` (q_len = budget + 1) and ``depth`` defaults to 15.
-    ``impl``, ``splits``, ``layout`` and ``merge`` columns, where a row records them, fix the verify
-    launch plan (``naive``, ``torch`` and CPU rows ignore them); a row that records its splits but
-    not how they merged predates the in-kernel merge, so its splits merged in a second launch.
-    ``l2_bytes``: the device's L2 (default the H200's). Returns None for kernels without a model.
+    ``impl``, ``splits`` and ``layout`` columns, where a row records them, fix the verify launch plan
+    (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the device's L2 (default
+    the H200's). Returns None for kernels without a model.
     """
     kernel = kernel_name(str(row.get("kernel")))
     if kernel not in MODELS:
@@ -558,18 +543,16 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
         values["q_len"] = int(values["budget"]) + 1
     if not _present(values.get("depth")):
         values["depth"] = 15
-    from kdtree.attention import FUSED_IMPLS, LAYOUTS, MERGES
+    from kdtree.attention import FUSED_IMPLS, LAYOUTS
 
-    str_args = {"impl": FUSED_IMPLS, "layout": LAYOUTS, "merge": MERGES}
+    str_args = {"impl": FUSED_IMPLS, "layout": LAYOUTS}
     planned = kernel == "verify_attention" and (variant.startswith("fused") or variant == "cascade")
-    if planned and _present(values.get("splits")) and not _present(values.get("merge")):
-        values["merge"] = "combine"
     kwargs = {} if l2_bytes is None else {"l2_bytes": float(l2_bytes)}
     for arg, col in _ARGS[kernel].items():
         optional = col.endswith("?")
         col = col.rstrip("?")
         v = values.get(col)
-        if arg in ("impl", "splits", "layout", "merge") and not planned:
+        if arg in ("impl", "splits", "layout") and not planned:
             continue
         if _present(v) and not (arg in str_args and v not in str_args[arg]):
             kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in str_args else int(v)
