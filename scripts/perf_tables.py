@@ -187,6 +187,34 @@ def trace_ends(npz: str) -> str:
     return "\n".join(out)
 
 
+# The in-kernel split merge's trace records (branch wip/split-merge, cuda/attention_merge.cuh:
+# event "empty", these in the tile field), in the order a block passes them.
+MERGE_STEPS = {1000: "partials stored, own slice staged", 1001: "every split arrived", 1002: "every lse loaded",
+               1003: "weights", 1004: "other slices landed"}
+
+
+def merge_trace(npz: str) -> str:
+    """The in-kernel merge's steps in a pair trace (warpgroup 0's thread 0 of each traced block):
+    from its last P V done through each step to its end (us; medians over the blocks, min, max)."""
+    import runpy
+
+    trace = runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
+    data = np.load(npz)
+    mhz = float(data["mhz"])
+    rows = []
+    for roles in trace["parse_records"](data["raw"]):
+        recs = roles["wg0"]
+        t = {i: c for c, ev, i in recs if ev == "empty" and i in MERGE_STEPS}
+        marks = [("last P V done", max(c for c, ev, _ in recs if ev == "pv_done"))]
+        marks += [(MERGE_STEPS[i], t[i]) for i in sorted(t)] + [("end", max(c for c, ev, _ in recs if ev == "end"))]
+        rows.append({f"{a} -> {b}": (cb - ca) / mhz for (a, ca), (b, cb) in zip(marks, marks[1:])})
+    e = pd.DataFrame(rows)
+    out = [f"From `{npz}` ({len(e)} traced blocks, warpgroup 0, {mhz:.0f} MHz):", "",
+           "| step | median us | min | max |", "|---|---|---|---|"]
+    out += [f"| {k} | {v.median():.2f} | {v.min():.2f} | {v.max():.2f} |" for k, v in e.items()]
+    return "\n".join(out)
+
+
 def counters(run: str) -> str:
     """``kdtree profile``'s ``counters.parquet`` (Nsight Compute, one row per launch): time under
     ncu, DRAM bytes read against the cost model, the bytes the SMs received from the L2, the
@@ -407,11 +435,12 @@ def split_cost(csv: str) -> str:
     split launch, and the combine alone on partials already written."""
     d = pd.read_csv(csv)
     out = [f"From `{csv}` (graph replay, L2 flushed before each call, median us):", "",
-           "| B, N, H, P | kernel | splits | call | split launch alone | call - split launch | combine alone | SM clock MHz |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| B, N, H, P | kernel | splits | call | split launch alone | call - split launch | of the call | "
+           "combine alone | SM clock MHz |", "|---|---|---|---|---|---|---|---|---|"]
     for r in d.itertuples():
         out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {r.impl} | {r.splits} | {r.whole_us:.1f} | {r.split_us:.1f} | "
-                   f"{r.whole_us - r.split_us:.1f} | {r.combine_us:.1f} | {r.sm_clock_mhz:.0f} |")
+                   f"{r.whole_us - r.split_us:.1f} | {(r.whole_us - r.split_us) / r.whole_us:.0%} | "
+                   f"{r.combine_us:.1f} | {r.sm_clock_mhz:.0f} |")
     return "\n".join(out)
 
 
@@ -419,7 +448,7 @@ if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
-             "grid-vs": grid_vs, "split-cost": split_cost}
+             "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace}
     if len(sys.argv) != 3 or sys.argv[1] not in kinds:
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
     print(kinds[sys.argv[1]](sys.argv[2]))
