@@ -4,7 +4,7 @@ A tree is a folder holding ``kdtree/`` and ``cuda/`` (``git archive <commit> kdt
 or a copy with one change); each child process imports the package from it (``PYTHONPATH``) and
 prints one ``RESULT <json>`` line. Alternating the trees in one call keeps a slow or fast spell of
 the GPU from landing on one side only. ``TREE@NAME=VALUE`` runs the tree with that environment
-variable set (``.@KDTREE_SPLIT_MERGE=combine``: the same code, another launch plan).
+variable set (``.@KDTREE_FUSED_IMPL=tma_seq``: the same code, another kernel).
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ def alternate(script: str, trees: list[str], args: list[str], passes: int = 2) -
             path, _, setting = tree.partition("@")
             env = os.environ | {"PYTHONPATH": os.pathsep.join([str(Path(path).resolve()), str(Path(script).parent)])}
             if setting:
-                name, _, value = setting.partition("=")
+                name, eq, value = setting.partition("=")
+                if not (name and eq):
+                    sys.exit(f"tree {tree!r}: expected TREE@NAME=VALUE")
                 env[name] = value
             res = subprocess.run([sys.executable, script, "--child", *args], env=env, capture_output=True, text=True)
             line = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]

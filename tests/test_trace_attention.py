@@ -93,3 +93,43 @@ def test_the_timeline_counts_tiles_not_timestamps():
     for roles in blocks:
         for role in ("wg0", "wg1"):
             assert [ev for _, ev, _ in roles[role][:2]] == ["entry", "start"]
+
+
+PERF_TABLES = runpy.run_path(str(ROOT / "scripts" / "perf_tables.py"))
+MERGE = ROOT / "results" / "attention_ab_h200" / "merge_1b74b11"
+
+
+def test_the_merge_trace_walks_every_step_in_order_and_sums_to_the_tail():
+    """The in-kernel merge's step records (branch wip/split-merge) in each traced block of B = 1,
+    N = 33, H = 64, P = 4096: all five steps, in their order, every interval positive, and the
+    steps' medians add up to the block's tail (last P V done -> end) within the blocks' spread."""
+    table = PERF_TABLES["merge_trace"](str(MERGE / "trace_pair_1_33_64_4096.npz"))
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ") and " -> " in line]
+    steps = [r[0][2:] for r in rows]
+    names = ["last P V done"] + list(PERF_TABLES["MERGE_STEPS"].values()) + ["end"]
+    assert steps == [f"{a} -> {b}" for a, b in zip(names, names[1:])]
+    medians = [float(r[1]) for r in rows]
+    assert all(m > 0 for m in medians)
+    data = np.load(MERGE / "trace_pair_1_33_64_4096.npz")
+    tails = []
+    for roles in TRACE["parse_records"](data["raw"]):
+        recs = roles["wg0"]
+        tails.append((max(c for c, ev, _ in recs if ev == "end") - max(c for c, ev, _ in recs if ev == "pv_done"))
+                     / float(data["mhz"]))
+    assert min(tails) - 0.5 <= sum(medians) <= max(tails) + 0.5
+
+
+def test_split_cost_table_is_the_runs_csv():
+    """perf_tables split-cost: one row per shape of the committed run, the call minus the split
+    launch and its share of the call from the same row."""
+    import pandas as pd
+
+    run = ROOT / "results" / "split_cost_h200" / "cf100bc" / "split_cost.csv"
+    d = pd.read_csv(run)
+    rows = [line for line in PERF_TABLES["split_cost"](str(run)).splitlines() if line.startswith("| 1,")
+            or line.startswith("| 8,")]
+    assert len(rows) == len(d)
+    for line, r in zip(rows, d.itertuples()):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[5]) == round(r.whole_us - r.split_us, 1)
+        assert cells[6] == f"{(r.whole_us - r.split_us) / r.whole_us:.0%}"
