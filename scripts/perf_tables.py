@@ -63,6 +63,7 @@ combine; for a ``HANDOFF=1`` trace first the gap from the previous call's combin
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import sys
@@ -152,14 +153,20 @@ def grid_waves(run: str) -> str:
     return "\n".join(out)
 
 
+@functools.lru_cache(maxsize=None)
+def _trace_module() -> dict:
+    """``scripts/trace_attention.py``'s globals (its record parser), loaded once."""
+    import runpy
+
+    return runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
+
+
 def trace_ends(npz: str) -> str:
     """A traced verify kernel's block ends (``scripts/trace_attention.py``'s records): per traced
     block, from its trace start to its first tile landed and to its first S issued, from there to
     its last P V done (its tiles), and from its last P V done to its end (us; medians over the
     blocks, min and max)."""
-    import runpy
-
-    trace = runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
+    trace = _trace_module()
     data = np.load(npz)
     mhz = float(data["mhz"])
     ends = []
@@ -196,9 +203,7 @@ MERGE_STEPS = {1000: "partials stored, own slice staged", 1001: "every split arr
 def merge_trace(npz: str) -> str:
     """The in-kernel merge's steps in a pair trace (warpgroup 0's thread 0 of each traced block):
     from its last P V done through each step to its end (us; medians over the blocks, min, max)."""
-    import runpy
-
-    trace = runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
+    trace = _trace_module()
     data = np.load(npz)
     mhz = float(data["mhz"])
     rows = []
