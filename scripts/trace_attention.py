@@ -12,6 +12,9 @@ saves the raw records (``trace_<impl>_<B>_<N>_<H>_<P>.npz``) in OUT.
 
     PYTHONPATH=. python scripts/trace_attention.py OUT [IMPL] [B,N,H,P ...]
 
+The flush before the traced call reads a buffer twice the L2 (``kdtree.bench.timing.L2Flush``, as
+the timings do); ``FLUSH=write`` zeroes 256 MB instead, as this script did up to 0f12ac9's traces,
+which leaves the L2 full of dirty lines for the traced call to write back.
 ``DEFINES="TMA_ISSUERS=9,..."`` builds both kernels with those defines as well (a variant under
 trial); ``TRACE=0`` only checks and times the plain build.
 """
@@ -27,7 +30,7 @@ import torch
 
 from kdtree import attention, kernels
 from kdtree.bench.attention_sweep import SCALE, check, make_sets
-from kdtree.bench.timing import time_graph
+from kdtree.bench.timing import L2Flush, time_graph
 
 EV = ["start", "full_wait", "s_issued", "s_done", "free_wait", "pub", "pub_wait", "pv_issued", "pv_done",
       "empty", "end", "empty_wait", "tma_issued", "landed", "masked", "entry"]
@@ -35,6 +38,9 @@ ROLES = ["wg0", "wg1", "producer", "watcher"]
 BLOCKS, N_REC = 8, 2048   # ATT_TRACE_BLOCKS, ATT_TRACE_N in cuda/attention_trace.cuh
 EXTRA = dict(kv.split("=", 1) for kv in os.environ.get("DEFINES", "").split(",") if kv)
 TRACE = {"ATT_TRACE": 1, **EXTRA}
+FLUSH = os.environ.get("FLUSH", "read")
+if FLUSH not in ("read", "write"):
+    raise SystemExit(f"FLUSH={FLUSH!r}: expected 'read' or 'write'")
 
 
 def source(impl: str) -> str:
@@ -222,8 +228,10 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
         mod = traced_module(impl)
         import cupy
         cupy.cuda.runtime.memset(int(mod.get_global("att_trace").ptr), 0, BLOCKS * len(ROLES) * N_REC * 16)
-        flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-        flush.zero_()
+        if FLUSH == "write":  # what this script did before: the L2 left full of dirty lines
+            torch.empty(256 << 20, dtype=torch.uint8, device=dev).zero_()
+        else:  # the benchmarks' flush: read, so the traced call writes back nothing of the flush's
+            L2Flush(dev)()
         run()
         torch.cuda.synchronize()
         use_trace(False, impl)
