@@ -2,7 +2,7 @@
 // -DATT_TRACE (scripts/trace_attention.py); without it every call below is empty and the
 // kernels' code is unchanged.
 //
-// The first ATT_TRACE_BLOCKS blocks (linear block id) record, per role (consumer warpgroup 0,
+// ATT_TRACE_BLOCKS blocks (linear block id from ATT_TRACE_FIRST, default 0) record, per role (consumer warpgroup 0,
 // consumer warpgroup 1, the producer thread, a watcher that waits on each tile's full barrier),
 // up to ATT_TRACE_N events of one thread each: the SM's clock64 and (event << 32 | tile). The
 // host reads `att_trace` from the module after the launch. All records of a block come from one
@@ -22,9 +22,9 @@
 #define ATT_EV_PUB_WAIT 6   // the owner's publish seen (by the other warpgroup, and by the owner's own threads)
 #define ATT_EV_PV_ISSUED 7  // O += P V committed
 #define ATT_EV_PV_DONE 8    // P V (and any group before it) waited for
-#define ATT_EV_EMPTY 9      // this thread released the tile's stage
+#define ATT_EV_EMPTY 9      // this thread released the tile's stage (pair wg0: P_B V's boxes seen)
 #define ATT_EV_END 10       // epilogue done
-#define ATT_EV_EMPTY_WAIT 11  // producer: the stage is free for tile i
+#define ATT_EV_EMPTY_WAIT 11  // producer: the stage is free for tile i (pair wg0: O rescaled for P_B V)
 #define ATT_EV_TMA_ISSUED 12  // producer: tile i's boxes issued
 #define ATT_EV_LANDED 13      // watcher: tile i's full barrier completed
 #define ATT_EV_MASKED 14      // owner: S scaled, masked, row maxima taken
@@ -32,6 +32,9 @@
 
 #if defined(ATT_TRACE)
 #define ATT_TRACE_BLOCKS 8
+#ifndef ATT_TRACE_FIRST
+#define ATT_TRACE_FIRST 0  // the first traced block (linear id): later waves' blocks with e.g. 264
+#endif
 #define ATT_TRACE_N 2048
 #define ATT_TRACE_ROLES 4
 __device__ att_u64 att_trace[ATT_TRACE_BLOCKS * ATT_TRACE_ROLES * ATT_TRACE_N * 2];
@@ -44,9 +47,9 @@ struct AttTrace {
 // The recorder of `role` for the calling thread if `records` (one thread per role) and its block
 // is traced; records count from the start.
 __device__ __forceinline__ AttTrace att_trace_open(int role, bool records) {
-  const int blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) - ATT_TRACE_FIRST;
   AttTrace t{nullptr, 0};
-  if (records && blk < ATT_TRACE_BLOCKS) t.p = att_trace + ((size_t)blk * ATT_TRACE_ROLES + role) * ATT_TRACE_N * 2;
+  if (records && blk >= 0 && blk < ATT_TRACE_BLOCKS) t.p = att_trace + ((size_t)blk * ATT_TRACE_ROLES + role) * ATT_TRACE_N * 2;
   return t;
 }
 

@@ -272,7 +272,11 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
         mb_wait(sBar + 8 * PAIR_P1, par);
         att_trace_rec(tr, ATT_EV_FREE_WAIT, a + 1);
         for (int b = 0; b < 4; ++b) mb_wait(pair_full(sBar, 1, b), par);
-        pp_issue_pv(o, ab_lo, ab_hi, wg_desc(sP1, 16, 1024), sK1, 0);
+        att_trace_rec(tr, ATT_EV_EMPTY, a + 1);
+        fused_rescale_o(o, ab_lo, ab_hi);
+        wg_pin<128>(o);
+        att_trace_rec(tr, ATT_EV_EMPTY_WAIT, a + 1);
+        pp_pv_steps(o, wg_desc(sP1, 16, 1024), sK1, 0);
         att_trace_rec(tr, ATT_EV_PV_ISSUED, a + 1);
         if (next_a) {  // S of the next A on the boxes this warpgroup loaded, then (P_B V_B done) the rest
           pair_s_begin(sKV, sBar, k, a + 2, 0, wtid);

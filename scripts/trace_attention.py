@@ -14,7 +14,8 @@ saves the raw records (``trace_<impl>_<B>_<N>_<H>_<P>.npz``) in OUT.
 
 The flush before the traced call reads a buffer twice the L2 (``kdtree.bench.timing.L2Flush``, as
 the timings do); ``FLUSH=write`` zeroes 256 MB instead, as this script did up to 0f12ac9's traces,
-which leaves the L2 full of dirty lines for the traced call to write back.
+which leaves the L2 full of dirty lines for the traced call to write back; ``FLUSH=none`` traces a
+call whose data and code the timed replays left in the L2.
 ``DEFINES="TMA_ISSUERS=9,..."`` builds both kernels with those defines as well (a variant under
 trial); ``TRACE=0`` only checks and times the plain build.
 """
@@ -39,8 +40,8 @@ BLOCKS, N_REC = 8, 2048   # ATT_TRACE_BLOCKS, ATT_TRACE_N in cuda/attention_trac
 EXTRA = dict(kv.split("=", 1) for kv in os.environ.get("DEFINES", "").split(",") if kv)
 TRACE = {"ATT_TRACE": 1, **EXTRA}
 FLUSH = os.environ.get("FLUSH", "read")
-if FLUSH not in ("read", "write"):
-    raise SystemExit(f"FLUSH={FLUSH!r}: expected 'read' or 'write'")
+if FLUSH not in ("read", "write", "none"):
+    raise SystemExit(f"FLUSH={FLUSH!r}: expected 'read', 'write' or 'none'")
 
 
 def source(impl: str) -> str:
@@ -230,7 +231,7 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
         cupy.cuda.runtime.memset(int(mod.get_global("att_trace").ptr), 0, BLOCKS * len(ROLES) * N_REC * 16)
         if FLUSH == "write":  # what this script did before: the L2 left full of dirty lines
             torch.empty(256 << 20, dtype=torch.uint8, device=dev).zero_()
-        else:  # the benchmarks' flush: read, so the traced call writes back nothing of the flush's
+        elif FLUSH == "read":  # the benchmarks' flush: read, so the traced call writes back nothing of the flush's
             L2Flush(dev)()
         run()
         torch.cuda.synchronize()
