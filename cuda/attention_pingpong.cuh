@@ -86,10 +86,11 @@ __device__ __forceinline__ void pp_s_steps(float (&s)[8][4], att_u32 sQ, att_u32
     for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
   wg_pin<32>(&s[0][0]);
   wg_fence();
+  const att_u64 dQ = wg_desc(sQ, 16, 1024), dK = wg_desc(sK, 16, 1024);
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
-    const att_u32 blk = (ks >> 2) * 128 * FUSED_BN, kk = (ks & 3) * 32;
-    wg_mma<64, 0>(&s[0][0], wg_desc(sQ + blk + kk, 16, 1024), wg_desc(sK + blk + kk, 16, 1024));
+    const att_u32 off = (ks >> 2) * 128 * FUSED_BN + (ks & 3) * 32;
+    wg_mma<64, 0>(&s[0][0], wg_desc_add(dQ, off), wg_desc_add(dK, off));
   }
 }
 
@@ -118,9 +119,9 @@ __device__ __forceinline__ void pp_owner_softmax(float (&s)[8][4], float mx_lo, 
 // columns are 4 column blocks 8 KB apart (LBO), its 8-token groups 1024 B apart (SBO).
 __device__ __forceinline__ void pp_pv_steps(float (&o)[128], att_u64 dP, att_u32 sK, int wg) {
   wg_fence();
+  const att_u64 dV = wg_desc(sK + 4 * wg * FUSED_BN * 128, FUSED_BN * 128, 1024);
 #pragma unroll
-  for (int t = 0; t < FUSED_BN / 16; ++t)
-    wg_m64n256k16_tb(o, dP + 2 * t, wg_desc(sK + 4 * wg * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
+  for (int t = 0; t < FUSED_BN / 16; ++t) wg_m64n256k16_tb(o, dP + 2 * t, wg_desc_add(dV, 16 * t * 128));
   wg_commit();
 }
 __device__ __forceinline__ void pp_issue_pv(float (&o)[128], float al_lo, float al_hi, att_u64 dP, att_u32 sK,

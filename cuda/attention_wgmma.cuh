@@ -21,6 +21,12 @@ __device__ __forceinline__ att_u64 wg_desc(att_u32 addr, att_u32 lbo, att_u32 sb
   return (att_u64)((addr & 0x3FFFF) >> 4) | ((att_u64)((lbo >> 4) & 0x3FFF) << 16) |
          ((att_u64)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
+// The descriptor of the operand `bytes` (a multiple of 16) past d's start: bytes / 16 added to the
+// start-address field (bits 0-13). No carry leaves the field while the address stays under the
+// 256 KB it spans (shared memory is at most 228 KB). One add, where a descriptor built per k-step
+// costs five instructions: a kernel's code is fetched cold from HBM at its first wave (about 2.6 KB
+// a microsecond), and the k-steps of S are most of the pair kernel's loop.
+__device__ __forceinline__ att_u64 wg_desc_add(att_u64 d, att_u32 bytes) { return d + (bytes >> 4); }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }

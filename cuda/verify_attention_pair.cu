@@ -76,12 +76,12 @@ __device__ __forceinline__ void pair_load(const AttTensorMap* map, att_u32 sKV, 
   }
 }
 
-// The four k-steps of S over box b of the tile in stage sK, once the box landed; the rope box
+// The four k-steps of S over box b of the tile whose descriptor is dK (Q: dQ), once the box landed; the rope box
 // (8) takes Q from registers. FIRST: the chain's first k-step overwrites s (no register is written
 // outside wgmma while another warpgroup-level product is in flight: ptxas would serialise them).
 // The trace records when the tile's first box (FIRST) and its last (LAST) were seen landed.
 template <int BOX, bool FIRST, bool LAST>
-__device__ __forceinline__ void pair_s_box(float (&s)[8][4], const att_u32 (&qr)[4][4], att_u32 sQ, att_u32 sK,
+__device__ __forceinline__ void pair_s_box(float (&s)[8][4], const att_u32 (&qr)[4][4], att_u64 dQ, att_u64 dK,
                                            att_u32 full, int par, AttTrace& tr, int i) {
   static_assert(!(FIRST && BOX == PAIR_BOXES - 1), "S starts on a box of Q in shared memory");
   mb_wait(full, par);
@@ -89,11 +89,11 @@ __device__ __forceinline__ void pair_s_box(float (&s)[8][4], const att_u32 (&qr)
   if (LAST) att_trace_rec(tr, ATT_EV_LANDED, i);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const att_u64 dk = wg_desc(sK + BOX * PAIR_BOX_BYTES + 32 * kk, 16, 1024);
+    const att_u32 off = BOX * PAIR_BOX_BYTES + 32 * kk;
     if (BOX == PAIR_BOXES - 1)
-      wg_mma64_rs(&s[0][0], qr[kk], dk);
+      wg_mma64_rs(&s[0][0], qr[kk], wg_desc_add(dK, off));
     else
-      wg_mma<64, 0>(&s[0][0], wg_desc(sQ + BOX * PAIR_BOX_BYTES + 32 * kk, 16, 1024), dk, FIRST && kk == 0 ? 0 : 1);
+      wg_mma<64, 0>(&s[0][0], wg_desc_add(dQ, off), wg_desc_add(dK, off), FIRST && kk == 0 ? 0 : 1);
   }
 }
 
@@ -103,12 +103,12 @@ template <int B0, int NB, bool FIRST, bool LAST>
 __device__ __forceinline__ void pair_s_part(float (&s)[8][4], const att_u32 (&qr)[4][4], att_u32 sQ, att_u32 sKV,
                                             att_u32 sBar, int i, AttTrace& tr) {
   const int st = i & 1, par = (i >> 1) & 1;
-  const att_u32 sK = sKV + st * FUSED_SMEM_KV;
+  const att_u64 dQ = wg_desc(sQ, 16, 1024), dK = wg_desc(sKV + st * FUSED_SMEM_KV, 16, 1024);
   wg_fence();
 #define PAIR_BOX(n) \
   if (NB > n)                                                                                            \
     pair_s_box<(B0 + n) % PAIR_BOXES, FIRST && n == 0, LAST && n == NB - 1>(                            \
-        s, qr, sQ, sK, pair_full(sBar, st, (B0 + n) % PAIR_BOXES), par, tr, i);
+        s, qr, dQ, dK, pair_full(sBar, st, (B0 + n) % PAIR_BOXES), par, tr, i);
   PAIR_BOX(0) PAIR_BOX(1) PAIR_BOX(2) PAIR_BOX(3) PAIR_BOX(4) PAIR_BOX(5) PAIR_BOX(6) PAIR_BOX(7) PAIR_BOX(8)
 #undef PAIR_BOX
   wg_commit();
@@ -146,9 +146,9 @@ __device__ __forceinline__ void pair_issue_pv_rs(float (&o)[128], float al_lo, f
   fused_rescale_o(o, al_lo, al_hi);
   wg_pin<128>(o);
   wg_fence();
+  const att_u64 dV = wg_desc(sK + 4 * h * FUSED_BN * 128, FUSED_BN * 128, 1024);
 #pragma unroll
-  for (int t = 0; t < FUSED_BN / 16; ++t)
-    wg_m64n256k16_rs_tb(o, pa[t], wg_desc(sK + 4 * h * FUSED_BN * 128 + 16 * t * 128, FUSED_BN * 128, 1024));
+  for (int t = 0; t < FUSED_BN / 16; ++t) wg_m64n256k16_rs_tb(o, pa[t], wg_desc_add(dV, 16 * t * 128));
   wg_commit();
 }
 
