@@ -24,8 +24,8 @@ __device__ __forceinline__ att_u64 wg_desc(att_u32 addr, att_u32 lbo, att_u32 sb
 // The descriptor of the operand `bytes` (a multiple of 16) past d's start: bytes / 16 added to the
 // start-address field (bits 0-13). No carry leaves the field while the address stays under the
 // 256 KB it spans (shared memory is at most 228 KB). One add, where a descriptor built per k-step
-// costs five instructions: a kernel's code is fetched cold from HBM at its first wave (about 2.6 KB
-// a microsecond), and the k-steps of S are most of the pair kernel's loop.
+// costs five instructions: a kernel's first wave fetches its code cold from HBM, and the k-steps
+// of S were most of the pair kernel's loop (scripts/code_size.py).
 __device__ __forceinline__ att_u64 wg_desc_add(att_u64 d, att_u32 bytes) { return d + (bytes >> 4); }
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

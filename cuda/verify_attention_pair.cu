@@ -192,9 +192,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
     tma_prefetch_map(map);
     tma_prefetch_map(qmap);
   }
-#ifndef PAIR_NO_TRIGGER  // (defined: the combine launches as the blocks exit; a trial switch)
   pdl_launch_dependents();  // a split's combine may launch once every block runs (it waits for the end)
-#endif
   if (tid < FUSED_BM) sM[tid] = ATT_NEG_INF;
   __syncthreads();  // barriers initialised, sM set
   if (tid == 0 && n > 0) {  // the Q tile's boxes first (S needs them all), then KV tiles 0 and 1
