@@ -252,11 +252,9 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
       unsigned key[ROUTER_SPAN];  // score bits + 1 (scores are >= +0, so the order is the scores'); 0: taken
 #pragma unroll
       for (int i = 0; i < ROUTER_SPAN; ++i) key[i] = __float_as_uint(sc[warp][i * 32 + lane]) + 1u;
-      // Round r's pick lands in lane r. The rounds are not unrolled: this code runs once per call,
-      // and a launch fetches its code cold from HBM (after an MoE layer's weights passed the L2).
-      float my_val = 0.f;
-      int my_idx = 0;
-#pragma unroll 1
+      float val[ROUTER_K];
+      int idx[ROUTER_K];
+#pragma unroll
       for (int r = 0; r < ROUTER_K; ++r) {
         unsigned bk = 0u, bi = ROUTER_E;
 #pragma unroll
@@ -270,19 +268,19 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < ROUTER_SPAN; ++i)
           if ((unsigned)(i * 32 + lane) == win) key[i] = 0u;
+        val[r] = __uint_as_float(best - 1u);
+        idx[r] = (int)win;
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int r = 0; r < ROUTER_K; ++r) sum += val[r];
+#pragma unroll
+      for (int r = 0; r < ROUTER_K; ++r)
         if (lane == r) {
-          my_val = __uint_as_float(best - 1u);
-          my_idx = (int)win;
+          weight[(long long)t * ROUTER_K + r] = val[r] / sum * scale;
+          expert[(long long)t * ROUTER_K + r] = idx[r];
+          top_id[warp][r] = idx[r];
         }
-      }
-      float sum = 0.f;  // in round order, as one thread would add them
-#pragma unroll 1
-      for (int r = 0; r < ROUTER_K; ++r) sum += __shfl_sync(0xffffffffu, my_val, r);
-      if (lane < ROUTER_K) {
-        weight[(long long)t * ROUTER_K + lane] = my_val / sum * scale;
-        expert[(long long)t * ROUTER_K + lane] = my_idx;
-        top_id[warp][lane] = my_idx;
-      }
     }
     __syncthreads();
     trace.mark(3);  // top k written
