@@ -10,6 +10,8 @@
     python scripts/perf_tables.py moe-trace results/moe/trace_h200/bf84d0f/trace_moe_T1.npz
     python scripts/perf_tables.py splits-ab results/splits_ab_h200/6560d1c/splits.csv
     python scripts/perf_tables.py impl-vs results/verify_table_h200/275852a
+    python scripts/perf_tables.py grid-diff results/verify_table_h200/b7b0c86 results/verify_table_h200/a2e2347
+    python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -54,6 +56,14 @@ grid-vs: a verify grid's ``fused`` rows against ``fused_pair``'s, shape by shape
 
 attention-dev: ``scripts/attention_dev.py``'s CSV: each configuration per shape, its time over
 ``fused_tma_seq``'s.
+
+grid-diff: two verify grids, configuration by configuration: new over old time at the shapes both
+timed, and where new is slower by more than 2%; the kernels neither commit changed show how far
+two runs drift apart.
+
+first-pairs: warpgroup 0 of a pair-kernel trace, its first pairs of tiles: the O rescale before
+P_B V (no memory access, slow only while the code is fetched), P_B seen to P_B V issued, and P_A V
+done to P_B V done.
 
 moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py``'s records
 (``trace_moe_T<T>.npz``), in microseconds from the router's first wait returning: the router's
@@ -191,6 +201,63 @@ def trace_ends(npz: str) -> str:
     out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
            "|---|---|---|---|"]
     out += [f"| {k} | {v.median():.2f} | {v.min():.2f} | {v.max():.2f} |" for k, v in e.items()]
+    return "\n".join(out)
+
+
+def first_pairs(npz: str, pairs: int = 4) -> str:
+    """Warpgroup 0 of a pair-kernel trace (records from 0cce90f on), its first ``pairs`` pairs of
+    tiles: P_B V's boxes seen -> O rescaled (128 multiplies, no memory access: slow only while the
+    code is fetched), the other warpgroup's P_B seen -> P_B V issued, and P_A V done -> P_B V done
+    (us; medians over the traced blocks, min and max)."""
+    trace = _trace_module()
+    data = np.load(npz)
+    mhz = float(data["mhz"])
+    rows = []
+    for roles in trace["parse_records"](data["raw"]):
+        at = {}
+        for c, ev, t in roles["wg0"]:
+            at.setdefault((ev, t), []).append(c)
+        for j in range(pairs):
+            a, b = 2 * j, 2 * j + 1
+            if ("empty_wait", b) not in at:
+                continue
+            rows.append({"pair": j,
+                         "P_B V boxes seen -> O rescaled": at[("empty_wait", b)][0] - at[("empty", b)][0],
+                         "P_B seen -> P_B V issued": at[("pv_issued", b)][0] - at[("free_wait", b)][0],
+                         "P_A V done -> P_B V done": at[("pv_done", b)][0] - at[("pv_done", a)][0]})
+    if not rows:
+        raise SystemExit(f"{npz}: no pair records with the rescale marks (traces from 0cce90f on)")
+    e = pd.DataFrame(rows)
+    cols = [c for c in e.columns if c != "pair"]
+    out = [f"From `{npz}` (warpgroup 0 of {e.groupby('pair').size().max()} traced blocks, {mhz:.0f} MHz; "
+           "median [min, max] us):", "", "| pair | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for j, g in e.groupby("pair"):
+        v = g[cols] / mhz
+        out.append(f"| {j} | " + " | ".join(f"{v[c].median():.2f} [{v[c].min():.2f}, {v[c].max():.2f}]" for c in cols)
+                   + " |")
+    return "\n".join(out)
+
+
+def grid_diff(old: str, new: str) -> str:
+    """Two verify grids (``scripts/verify_table.py`` folders) configuration by configuration: at the
+    shapes both timed, new over old time (min / median / max) and where new is slower by more than
+    2%, with each run's commit and SM clock range; a kernel neither commit changed shows the drift
+    between the two runs."""
+    runs = []
+    for run in (old, new):
+        folder = Path(run)
+        runs.append((pd.read_parquet(next(folder.glob("*.parquet"))),
+                     json.loads(next(folder.glob("*.meta.json")).read_text())))
+    (a, ma), (b, mb) = runs
+    key = ["B", "N", "H", "P", "config"]
+    m = a[a.us.notna()].merge(b[b.us.notna()], on=key, suffixes=("_o", "_n"))
+    m["r"] = m.us_n / m.us_o
+    clocks = "; ".join(f"{x['git_sha']}: SM clock {x['sm_clock_min_mhz']:.0f}-{x['sm_clock_max_mhz']:.0f} MHz"
+                       for x in (ma, mb))
+    out = [f"From `{old}` -> `{new}` ({ma['device']}; {clocks}; graph replay, median us):", "",
+           "| configuration | shapes | new / old min / median / max | new slower by > 2% at |", "|---|---|---|---|"]
+    for cfg, g in m.groupby("config", sort=False):
+        out.append(f"| `{cfg}` | {len(g)} | {_spread(g.r)} | {int((g.r > 1.02).sum())} |")
     return "\n".join(out)
 
 
@@ -453,7 +520,9 @@ if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
-             "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace}
-    if len(sys.argv) != 3 or sys.argv[1] not in kinds:
-        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV")
-    print(kinds[sys.argv[1]](sys.argv[2]))
+             "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
+             "grid-diff": grid_diff}
+    two = {"grid-diff"}   # kinds that read two runs
+    if len(sys.argv) < 3 or sys.argv[1] not in kinds or len(sys.argv) != 3 + (sys.argv[1] in two):
+        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff: OLD_RUN NEW_RUN)")
+    print(kinds[sys.argv[1]](*sys.argv[2:]))

@@ -133,3 +133,49 @@ def test_split_cost_table_is_the_runs_csv():
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[5]) == round(r.whole_us - r.split_us, 1)
         assert cells[6] == f"{(r.whole_us - r.split_us) / r.whole_us:.0%}"
+
+
+COLD = ROOT / "results" / "verify_attention_trace_h200" / "code_cold_a2e2347"
+
+
+def _first_pairs(which):
+    table = PERF_TABLES["first_pairs"](str(COLD / which / "trace_pair_1_33_64_4096.npz"))
+    rows = [line.strip("|").split("|") for line in table.splitlines() if line[:3] in {f"| {j}" for j in range(4)}]
+    return [[float(c.split("[")[0]) for c in r[1:]] for r in rows]
+
+
+def test_first_pairs_show_the_cold_code_stall_and_its_end():
+    """perf_tables first-pairs on the committed B = 1, N = 33 traces: before a2e2347 the first pair's
+    rescale (no memory access) took several times a later pair's after the read flush, not with the
+    code warm; after a2e2347 the first pair is as fast as the later ones with the code cold."""
+    cold, warm, after = _first_pairs("before/read"), _first_pairs("before/none"), _first_pairs("after/read")
+    assert len(cold) == len(warm) == len(after) == 4
+    later = max(r[0] for r in cold[1:])
+    assert cold[0][0] > 3 * later and cold[0][2] > 2 * max(r[2] for r in cold[1:])
+    assert warm[0][0] < 2 * later and after[0][0] < 2 * later
+    assert after[0][2] < 1.2 * max(r[2] for r in after[1:])
+
+
+def test_first_pairs_refuses_traces_without_the_rescale_marks():
+    import pytest
+
+    with pytest.raises(SystemExit, match="rescale marks"):
+        PERF_TABLES["first_pairs"](str(RUNS / "pair_entry_0f12ac9" / "trace_pair_1_33_64_4096.npz"))
+
+
+def test_grid_diff_matches_each_configuration_shape_by_shape():
+    """perf_tables grid-diff on two committed grids: one row per configuration both ran, its shape
+    count and median ratio recomputed from the parquets."""
+    import pandas as pd
+
+    old, new = (ROOT / "results" / "verify_table_h200" / c for c in ("b7b0c86", "a2e2347"))
+    table = PERF_TABLES["grid_diff"](str(old), str(new))
+    a, b = (pd.read_parquet(next(p.glob("*.parquet"))) for p in (old, new))
+    rows = {r[0].strip(" `"): r[1:] for r in (line.strip("|").split("|") for line in table.splitlines()
+                                              if line.startswith("| `"))}
+    assert set(rows) == set(a.config) & set(b.config)
+    for cfg, cells in rows.items():
+        m = a[a.config == cfg].merge(b[b.config == cfg], on=["B", "N", "H", "P"])
+        m = m[m.us_x.notna() & m.us_y.notna()]
+        assert int(cells[0]) == len(m)
+        assert cells[1].split("/")[1].strip() == f"{(m.us_y / m.us_x).median():.2f}"
