@@ -85,14 +85,18 @@ import pandas as pd
 from kdtree.bench.stepmodel import best_budget_statement
 
 
+def _grid(run: str) -> tuple[pd.DataFrame, dict]:
+    """A verify grid folder's table (its parquet) and metadata (its meta.json)."""
+    folder = Path(run)
+    return pd.read_parquet(next(folder.glob("*.parquet"))), json.loads(next(folder.glob("*.meta.json")).read_text())
+
+
 def _spread(v: pd.Series) -> str:
     return f"{v.min():.2f} / {v.median():.2f} / {v.max():.2f}"
 
 
 def verify_grid(run: str) -> str:
-    folder = Path(run)
-    d = pd.read_parquet(next(folder.glob("*.parquet")))
-    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    d, meta = _grid(run)
     f = d[d.config == "fused"].copy()
     groups = [
         ("H = 64, B >= 4 or N >= 129 or P >= 16384", "frac_bf16", 0.80,
@@ -132,9 +136,7 @@ def grid_waves(run: str) -> str:
     time per wave against their blocks' tiles (a block's cost beyond its tiles, and per tile)."""
     from kdtree.bench.models import verify_attention_cost
 
-    folder = Path(run)
-    d = pd.read_parquet(next(folder.glob("*.parquet")))
-    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    d, meta = _grid(run)
     rate = meta["ceiling_bf16_flops"]
     f = d[(d.config == "fused") & d.us.notna()].copy()
     rows, fits = [], []
@@ -171,20 +173,29 @@ def _trace_module() -> dict:
     return runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
 
 
+def _trace(npz: str) -> tuple[list[dict], float]:
+    """A verify-kernel trace's blocks (per role, its (clock, event, tile) records) and SM clock (MHz)."""
+    data = np.load(npz)
+    return _trace_module()["parse_records"](data["raw"]), float(data["mhz"])
+
+
+def _by_event(recs) -> dict[tuple[str, int], list[int]]:
+    """Records grouped by (event, tile): their clocks, in recording order."""
+    at: dict[tuple[str, int], list[int]] = {}
+    for c, ev, t in recs:
+        at.setdefault((ev, t), []).append(c)
+    return at
+
+
 def trace_ends(npz: str) -> str:
     """A traced verify kernel's block ends (``scripts/trace_attention.py``'s records): per traced
     block, from its trace start to its first tile landed and to its first S issued, from there to
     its last P V done (its tiles), and from its last P V done to its end (us; medians over the
     blocks, min and max)."""
-    trace = _trace_module()
-    data = np.load(npz)
-    mhz = float(data["mhz"])
+    blocks, mhz = _trace(npz)
     ends = []
-    for roles in trace["parse_records"](data["raw"]):
-        at = {}
-        for recs in roles.values():
-            for c, ev, t in recs:
-                at.setdefault((ev, t), []).append(c)
+    for roles in blocks:
+        at = _by_event(r for recs in roles.values() for r in recs)
         def clocks(event, at=at):  # every record of the event, whatever its tile field
             return [c for (ev, _), cs in at.items() if ev == event for c in cs]
 
@@ -209,14 +220,10 @@ def first_pairs(npz: str, pairs: int = 4) -> str:
     tiles: P_B V's boxes seen -> O rescaled (128 multiplies, no memory access: slow only while the
     code is fetched), the other warpgroup's P_B seen -> P_B V issued, and P_A V done -> P_B V done
     (us; medians over the traced blocks, min and max)."""
-    trace = _trace_module()
-    data = np.load(npz)
-    mhz = float(data["mhz"])
+    blocks, mhz = _trace(npz)
     rows = []
-    for roles in trace["parse_records"](data["raw"]):
-        at = {}
-        for c, ev, t in roles["wg0"]:
-            at.setdefault((ev, t), []).append(c)
+    for roles in blocks:
+        at = _by_event(roles["wg0"])
         for j in range(pairs):
             a, b = 2 * j, 2 * j + 1
             if ("empty_wait", b) not in at:
@@ -243,12 +250,7 @@ def grid_diff(old: str, new: str) -> str:
     shapes both timed, new over old time (min / median / max) and where new is slower by more than
     2%, with each run's commit and SM clock range; a kernel neither commit changed shows the drift
     between the two runs."""
-    runs = []
-    for run in (old, new):
-        folder = Path(run)
-        runs.append((pd.read_parquet(next(folder.glob("*.parquet"))),
-                     json.loads(next(folder.glob("*.meta.json")).read_text())))
-    (a, ma), (b, mb) = runs
+    (a, ma), (b, mb) = _grid(old), _grid(new)
     key = ["B", "N", "H", "P", "config"]
     m = a[a.us.notna()].merge(b[b.us.notna()], on=key, suffixes=("_o", "_n"))
     m["r"] = m.us_n / m.us_o
@@ -270,11 +272,9 @@ MERGE_STEPS = {1000: "partials stored, own slice staged", 1001: "every split arr
 def merge_trace(npz: str) -> str:
     """The in-kernel merge's steps in a pair trace (warpgroup 0's thread 0 of each traced block):
     from its last P V done through each step to its end (us; medians over the blocks, min, max)."""
-    trace = _trace_module()
-    data = np.load(npz)
-    mhz = float(data["mhz"])
+    blocks, mhz = _trace(npz)
     rows = []
-    for roles in trace["parse_records"](data["raw"]):
+    for roles in blocks:
         recs = roles["wg0"]
         t = {i: c for c, ev, i in recs if ev == "empty" and i in MERGE_STEPS}
         marks = [("last P V done", max(c for c, ev, _ in recs if ev == "pv_done"))]
@@ -431,9 +431,7 @@ def moe_trace(npz: str) -> str:
 def impl_vs(run: str, other: str = "fused_tma_seq") -> str:
     from kdtree.bench.models import verify_attention_cost
 
-    folder = Path(run)
-    d = pd.read_parquet(next(folder.glob("*.parquet")))
-    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    d, meta = _grid(run)
     key = ["B", "N", "H", "P"]
     base = "fused_pair" if (d.config == "fused_pair").any() else "fused"
     f = d[(d.config == base) & d.us.notna()]
@@ -472,9 +470,7 @@ def attention_dev(csv: str, base: str = "fused_tma_seq") -> str:
 def grid_vs(run: str, other: str = "fused_pair") -> str:
     """A verify grid's ``fused`` rows against ``other``'s, shape by shape, with the kernel ``fused``
     ran, the split count and the SM clock of each row (a ratio across clocks is marked)."""
-    folder = Path(run)
-    d = pd.read_parquet(next(folder.glob("*.parquet")))
-    meta = json.loads(next(folder.glob("*.meta.json")).read_text())
+    d, meta = _grid(run)
     key = ["B", "N", "H", "P"]
     o = d[(d.config == other) & d.us.notna()][key + ["us", "sm_clock_mhz"]]
     m = d[(d.config == "fused") & d.us.notna()].merge(o, on=key, suffixes=("", "_o"))
