@@ -34,18 +34,19 @@ SHAPES = [(64, 9, 8, 16384), (8, 65, 8, 32768), (8, 33, 16, 16384), (1, 33, 64, 
           (8, 17, 8, 16384), (8, 9, 32, 16384)]
 
 
-def ceilings() -> tuple[float, float]:
-    """(HBM bandwidth in B/s, dense bf16 matmul FLOP/s), measured now, as the project's roofline
+def ceilings() -> tuple[float, float, float]:
+    """(HBM bandwidth in B/s, dense bf16 matmul FLOP/s, the SM clock in MHz during the matmul), measured now, as the project's roofline
     takes them (``kdtree.bench.ceilings``): the bandwidth the best of its read / write / copy
     probes over 2 GiB, the rate ``torch.mm`` 8192^3 on random data timed behind a device hold (the
     wgmma probe's reference). An 8192^3 matmul replayed after a second of matmuls read 690 TFLOP/s
     where this reads 789 in the same call on an H200 (``results/verify_table_h200/49e9c69``
-    against ``results/wgmma_probe_h200/49e9c69.txt``): fractions against it read high."""
+    against ``results/wgmma_probe_h200/49e9c69.txt``): fractions against it read high. A call that
+    runs long enough to lower the SM clock (power) has a lower roof at its own clock."""
     from kdtree.bench.ceilings import _matmul_rate, measure_ceilings
 
-    rate = _matmul_rate(8192, torch.bfloat16, "cuda", reps=20)
+    rate, mhz = _matmul_rate(8192, torch.bfloat16, "cuda", reps=20)
     torch.cuda.empty_cache()
-    return measure_ceilings(quick=True).hbm_bw, rate
+    return measure_ceilings(quick=True).hbm_bw, rate, mhz
 
 
 def cost(B, N, H, P, tree) -> tuple[float, float]:
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
         return profile(parse_shapes(a.profile), tuple(tuple(k.split(":")) for k in a.kernels.split(",")))
     dev = torch.device("cuda")
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
-    bw, rate = ceilings()
+    bw, rate, _ = ceilings()
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, HBM {bw / 1e12:.2f} TB/s, "
           f"bf16 {rate / 1e12:.0f} TFLOP/s", flush=True)
     gen = torch.Generator().manual_seed(12)

@@ -96,6 +96,10 @@ def _spread(v: pd.Series) -> str:
 
 
 def verify_grid(run: str) -> str:
+    """The issue bars over a verify grid's ``fused`` rows: per group of shapes, the points at or
+    above the bar, then the same count with each dense-rate fraction taken at the point's own SM
+    clock (its fraction times the bf16 probe's clock over its sampled clock: a call that lowered
+    the clock had a lower roof); then ``fused`` against the other configurations."""
     d, meta = _grid(run)
     f = d[d.config == "fused"].copy()
     groups = [
@@ -106,15 +110,24 @@ def verify_grid(run: str) -> str:
         ("H in {8, 16, 32}, HBM-bound", "frac_hbm", 0.80, (f.H < 64) & (f.roof == "hbm")),
         ("H in {8, 16, 32}, bf16-bound", "frac_bf16", 0.65, (f.H < 64) & (f.roof == "bf16")),
     ]
+    probe = meta.get("ceiling_bf16_clock_mhz")
+    clock = (f"the bf16 probe's clock, {probe:.0f} MHz" if probe else
+             f"the bf16 probe's clock, not recorded in this run, taken as its highest sampled clock, "
+             f"{meta['sm_clock_max_mhz']:.0f} MHz")
+    probe = probe or meta["sm_clock_max_mhz"]
     out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}, default kernel "
            f"`{meta['default_fused_impl']}`, SM clock {meta['sm_clock_min_mhz']:.0f}-{meta['sm_clock_max_mhz']:.0f} "
            f"MHz during the timed work; ceilings measured in that run: HBM {meta['ceiling_hbm_bw'] / 1e12:.2f} TB/s, "
-           f"dense bf16 {meta['ceiling_bf16_flops'] / 1e12:.0f} TFLOP/s; {meta['timing']}).", "",
-           "| shapes (`fused`) | points | bar | at or above | fraction min / median / max |", "|---|---|---|---|---|"]
+           f"dense bf16 {meta['ceiling_bf16_flops'] / 1e12:.0f} TFLOP/s; {meta['timing']}). At the point's clock: "
+           f"the fraction times {clock}, over the point's median sampled clock.", "",
+           "| shapes (`fused`) | points | bar | at or above | fraction min / median / max | at or above at the "
+           "point's clock | SM clock min / median / max (MHz) |", "|---|---|---|---|---|---|---|"]
     for name, col, bar, mask in groups:
         g = f[mask]
+        at_clock = "-" if col == "frac_hbm" else str(int((g[col] * probe / g.sm_clock_mhz >= bar).sum()))
+        mhz = f"{g.sm_clock_mhz.min():.0f} / {g.sm_clock_mhz.median():.0f} / {g.sm_clock_mhz.max():.0f}"
         out.append(f"| {name} | {len(g)} | {bar:.2f} of {'HBM' if col == 'frac_hbm' else 'bf16'} | "
-                   f"{int((g[col] >= bar).sum())} | {_spread(g[col]) if len(g) else '-'} |")
+                   f"{int((g[col] >= bar).sum())} | {_spread(g[col]) if len(g) else '-'} | {at_clock} | {mhz} |")
     key = ["B", "N", "H", "P"]
     fu = f.set_index(key).us
     out += ["", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]

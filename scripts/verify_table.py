@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     dev = torch.device("cuda")
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
-    bw, rate = ceilings()
+    bw, rate, rate_mhz = ceilings()
     auto = default_impl(0)   # None: the sm_90a kernel chosen per launch
     default = "pair|tma_seq" if auto is None else auto
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, HBM {bw / 1e12:.2f} TB/s, "
@@ -177,7 +177,8 @@ def main(argv=None) -> int:
             print(f"B={B:2d} N={N:3d} H={H:2d} P={P:5d} {roof} " + " ".join(
                 f"{r['config'].replace('fused_', '')}={r['us']:.0f}" for r in rows[-len(CONFIGS):] if not r["skip"])
                 + f" t={time.monotonic() - t_start:.0f}s", flush=True)
-    meta_extra = dict(ceiling_hbm_bw=bw, ceiling_bf16_flops=rate, default_fused_impl=default,
+    meta_extra = dict(ceiling_hbm_bw=bw, ceiling_bf16_flops=rate, ceiling_bf16_clock_mhz=rate_mhz,
+                      default_fused_impl=default,
                       timing="CUDA-graph replay, cold L2 (input sets rotating over > 2.5x L2 where at most 48 "
                              "fit; L2 flushed before each replay), median and p20-p80 of per-call times",
                       naive_rule=f"run where predicted < {NAIVE_MAX_US:.0f} us",

@@ -33,7 +33,7 @@ MODES = {0: ("S, one warpgroup", S_FLOP), 1: ("S, both warpgroups", 2 * S_FLOP),
 def main(iters: int = 2000) -> None:
     dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    rate = _matmul_rate(8192, torch.bfloat16, "cuda", reps=20)
+    rate, _ = _matmul_rate(8192, torch.bfloat16, "cuda", reps=20)
     out = torch.zeros(256, device="cuda")
     print(f"{torch.cuda.get_device_name(dev)}: {sms} SMs, dense bf16 {rate / 1e12:.0f} TFLOP/s (torch.mm, now); "
           f"{iters} steps per warpgroup, one block per SM, CUDA-graph replay")

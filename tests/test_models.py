@@ -2,6 +2,8 @@
 on CPU: FLOPs, bytes per memory level and launches as the code's launch plan moves them."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -337,6 +339,45 @@ def test_classify_adds_columns_and_leaves_unmodelled_rows_empty():
     assert pd.isna(out.loc[2, "bound"])
     with pytest.raises(ValueError, match="median_us"):
         roofline.classify(df.drop(columns=["median_us"]), H200)
+
+
+def test_a_point_whose_sm_clock_dropped_gets_its_fraction_at_that_clock_too():
+    hot = dataclasses.replace(H200, tensor_clock_mhz=1980.0)
+    cost = models.verify_attention_cost("fused", batch=16, nodes=129, heads=64, prefix=32768)
+    times = roofline.roof_times(cost, hot, "graph", "cold")
+    bound = max(times, key=times.get)
+    assert bound in ("tensor", "waves")
+    median = times[bound] / 0.8
+    kw = dict(mode="graph", l2="cold", variant="fused", kernel="verify_attention")
+    slow = roofline.classify_point(cost, hot, median, sm_clock_mhz=1683.0, **kw)
+    assert slow["fraction"] == pytest.approx(0.8) and slow["clock_ratio"] == pytest.approx(0.85)
+    assert slow["diagnosis"].endswith(f"the SM clock ran at 1683 MHz, 85% of the 1980 MHz the bf16 rate was measured "
+                                      f"at (power or thermal limit): 94% of the {roofline.ROOF_LABELS[bound]} roof at "
+                                      f"its own clock")
+    at_speed = roofline.classify_point(cost, hot, median, sm_clock_mhz=1965.0, **kw)     # one 15 MHz step
+    unknown = roofline.classify_point(cost, H200, median, sm_clock_mhz=1683.0, **kw)     # probe clock not recorded
+    assert at_speed["clock_ratio"] > roofline.CLOCK_NOTE_BELOW and math.isnan(unknown["clock_ratio"])
+    assert "MHz" not in at_speed["diagnosis"] + unknown["diagnosis"]
+    assert at_speed["fraction"] == unknown["fraction"] == slow["fraction"]
+    # a memory-bound point: the SM clock does not set its roof, so no clause
+    naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
+    r = roofline.classify_point(naive, hot, 1500.0, sm_clock_mhz=1683.0, **kw)
+    assert r["bound"] == "l2" and r["clock_ratio"] == pytest.approx(0.85) and "MHz" not in r["diagnosis"]
+    # classify reads each row's sampled clock
+    row = {"kernel": "verify_attention", "variant": "fused", "q_len": 129, "prefix": 32768, "batch": 16,
+           "heads": 64, "mode": "graph", "l2": "cold", "median_us": median}
+    out = roofline.classify(pd.DataFrame([{**row, "sm_clock_mhz": 1683.0}, row]), hot)
+    assert out.loc[0, "clock_ratio"] == pytest.approx(0.85) and math.isnan(out.loc[1, "clock_ratio"])
+    assert out.loc[0, "diagnosis"] == slow["diagnosis"]
+
+
+def test_ceilings_files_from_before_the_probe_clock_load_without_it(tmp_path):
+    path = dataclasses.replace(H200, tensor_clock_mhz=1980.0).save(tmp_path / "c.json")
+    assert Ceilings.load(path).tensor_clock_mhz == 1980.0
+    data = json.loads(path.read_text())
+    del data["tensor_clock_mhz"]
+    path.write_text(json.dumps(data))
+    assert math.isnan(Ceilings.load(path).tensor_clock_mhz)
 
 
 def test_bad_timing_mode_and_l2_state_raise():

@@ -179,3 +179,24 @@ def test_grid_diff_matches_each_configuration_shape_by_shape():
         m = m[m.us_x.notna() & m.us_y.notna()]
         assert int(cells[0]) == len(m)
         assert cells[1].split("/")[1].strip() == f"{(m.us_y / m.us_x).median():.2f}"
+
+
+def test_verify_grid_counts_each_bar_at_the_points_own_clock_too():
+    """perf_tables verify-grid on a committed grid that did not record the bf16 probe's clock: the
+    caption says the run's highest sampled clock stands in for it; a point's fraction at its own
+    clock is never below its plain fraction, so each bf16 group passes at least as many points at
+    its clock, and the count is recomputed from the parquet."""
+    import pandas as pd
+
+    run = ROOT / "results" / "verify_table_h200" / "a2e2347"
+    table = PERF_TABLES["verify_grid"](str(run))
+    assert "not recorded in this run, taken as its highest sampled clock, 1980 MHz" in table
+    d = pd.read_parquet(next(run.glob("*.parquet")))
+    f = d[(d.config == "fused") & (d.H == 64) & ((d.B >= 4) | (d.N >= 129) | (d.P >= 16384))]
+    row = next(line for line in table.splitlines() if line.startswith("| H = 64, B >= 4")).strip("|").split("|")
+    plain, at_clock = int(row[3]), int(row[5])
+    assert plain == int((f.frac_bf16 >= 0.80).sum())
+    assert at_clock == int((f.frac_bf16 * 1980 / f.sm_clock_mhz >= 0.80).sum()) and at_clock >= plain
+    bf16_rows = [line.strip("|").split("|") for line in table.splitlines() if "of bf16 |" in line]
+    assert len(bf16_rows) == 3 and all(int(r[5]) >= int(r[3]) for r in bf16_rows)
+    assert "| - |" in next(line for line in table.splitlines() if "of HBM" in line)

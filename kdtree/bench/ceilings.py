@@ -60,6 +60,10 @@ class Ceilings:
         Dense bf16 tensor-core and plain fp32 FMA rates in FLOP/s.
     launch_eager_us, launch_graph_us : float
         Per-call time of a one-element kernel, eager and inside a CUDA graph (NaN on CPU).
+    tensor_clock_mhz : float
+        Median SM clock sampled while the bf16 rate was measured (NaN on CPU and in files
+        written before it was recorded). The tensor-core roofs hold at this clock; a point whose
+        SM ran slower (a power or thermal limit) had a lower roof (``kdtree.bench.roofline``).
     l2_bytes : int or None
         L2 size; data smaller than this can stay resident between warm-L2 calls.
     methods : dict
@@ -79,6 +83,7 @@ class Ceilings:
     fp32_flops: float
     launch_eager_us: float
     launch_graph_us: float
+    tensor_clock_mhz: float = math.nan
     l2_bytes: int | None = None
     methods: dict = field(default_factory=dict)
     probes: dict = field(default_factory=dict)
@@ -115,8 +120,11 @@ class Ceilings:
             return "n/a" if x is None or not math.isfinite(x) else f"{x / scale:.3g}"
         tag = "" if self.kind == "gpu" else " [CPU host ceilings, not a GPU roofline]"
         return (f"{self.device}{tag} | HBM {num(self.hbm_bw, 1e12)} TB/s | L2 {num(self.l2_bw, 1e12)} TB/s"
-                f" | bf16 TC {num(self.tensor_flops, 1e12)} TFLOP/s | fp32 {num(self.fp32_flops, 1e12)} TFLOP/s"
+                f" | bf16 TC {num(self.tensor_flops, 1e12)} TFLOP/s{self._at_clock()} | fp32 {num(self.fp32_flops, 1e12)} TFLOP/s"
                 f" | launch {num(self.launch_eager_us, 1)} us eager, {num(self.launch_graph_us, 1)} us graph")
+
+    def _at_clock(self) -> str:
+        return f" at {self.tensor_clock_mhz:.0f} MHz" if self.tensor_clock_mhz > 0 else ""
 
     def table(self) -> pd.DataFrame:
         """The ceilings as a tidy table: ceiling, value, unit, datasheet value, method."""
@@ -129,6 +137,10 @@ class Ceilings:
                          "value": value / scale, "unit": unit,
                          "datasheet": ds / scale if ds is not None else float("nan"),
                          "method": self.methods.get(name, "")})
+        if self.tensor_clock_mhz > 0:
+            rows.append({"device": self.device, "kind": self.kind, "ceiling": "tensor_clock_mhz",
+                         "value": self.tensor_clock_mhz, "unit": "MHz", "datasheet": float("nan"),
+                         "method": "median SM clock sampled while tensor_flops was measured"})
         for name, value in self.probes.items():
             rows.append({"device": self.device, "kind": self.kind, "ceiling": f"probe:{name}",
                          "value": value / 1e12, "unit": "TB/s", "datasheet": float("nan"),
@@ -178,14 +190,15 @@ def _copy_bw(nbytes: int, device: str, *, reps: int) -> float:
     return 2 * src.numel() * 4 / (t.median_us * 1e-6)
 
 
-def _matmul_rate(n: int, dtype: torch.dtype, device: str, *, reps: int) -> float:
-    """FLOP/s of an n x n x n matrix product on random data (on a GPU by :func:`_device_us`)."""
+def _matmul_rate(n: int, dtype: torch.dtype, device: str, *, reps: int) -> tuple[float, float]:
+    """FLOP/s of an n x n x n matrix product on random data (on a GPU by :func:`_device_us`), and
+    the median SM clock in MHz sampled while it ran (NaN on the host)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     fn = lambda: torch.mm(a, b, out=out)  # noqa: E731
     t = time_host(fn, reps=reps) if device == "cpu" else _device_us(fn, reps=reps, l2="warm")
-    return 2 * n ** 3 / (t.median_us * 1e-6)
+    return 2 * n ** 3 / (t.median_us * 1e-6), t.sm_clock_mhz
 
 
 def _probe_kernel(name: str):
@@ -279,7 +292,7 @@ def _measure_gpu(quick: bool) -> Ceilings:
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        fp32 = _matmul_rate(2048 if quick else 4096, torch.float32, "cuda", reps=reps)
+        fp32, _ = _matmul_rate(2048 if quick else 4096, torch.float32, "cuda", reps=reps)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     big = torch.empty(hbm_bytes // 4, device="cuda").uniform_()
@@ -302,16 +315,16 @@ def _measure_gpu(quick: bool) -> Ceilings:
                          + ", ".join(f"{bw / 1e12:.3g} TB/s at {mhz:.0f} MHz" for bw, mhz in attempts) + ")",
         "hbm_bw": f"best of the HBM probes: {best} ({probes[best] / 1e12:.3g} TB/s)",
         "l2_bw": "probe:l2_read (L2 -> SM reads of a resident buffer)",
-        "tensor_flops": "torch.mm bf16 on random data, CUDA-graph replay",
+        "tensor_flops": "torch.mm bf16 on random data, CUDA-graph replay (tensor_clock_mhz: its median SM clock)",
         "fp32_flops": "torch.mm fp32 with TF32 off (SIMT FFMA), CUDA-graph replay",
         "launch_eager_us": "one-element add_, CUDA events around each eager launch",
         "launch_graph_us": "one-element add_, 100 per CUDA graph, per-kernel time",
         "eager_floor_us": "kdtree op at a trivial size, eager, CUDA events around each call (Python path included)",
     }
+    tensor, tensor_mhz = _matmul_rate(4096 if quick else 8192, torch.bfloat16, "cuda", reps=reps)
     return Ceilings(
-        device=p.name, kind="gpu", hbm_bw=probes[best], l2_bw=probes["l2_read"],
-        tensor_flops=_matmul_rate(4096 if quick else 8192, torch.bfloat16, "cuda", reps=reps),
-        fp32_flops=fp32,
+        device=p.name, kind="gpu", hbm_bw=probes[best], l2_bw=probes["l2_read"], tensor_flops=tensor,
+        fp32_flops=fp32, tensor_clock_mhz=tensor_mhz,
         launch_eager_us=time_events([tiny], reps=200, warmup=20).median_us,
         launch_graph_us=time_graph(tiny, reps=50, calls_per_graph=100).median_us,
         l2_bytes=l2, methods=methods, probes=probes, eager_floor_us=eager_floors())
@@ -326,8 +339,8 @@ def _measure_cpu(quick: bool) -> Ceilings:
         kind="cpu",
         hbm_bw=_copy_bw(64 << 20, "cpu", reps=reps),
         l2_bw=_copy_bw(256 << 10, "cpu", reps=reps * 10),
-        tensor_flops=_matmul_rate(256 if quick else 512, torch.bfloat16, "cpu", reps=reps),
-        fp32_flops=_matmul_rate(256 if quick else 512, torch.float32, "cpu", reps=reps),
+        tensor_flops=_matmul_rate(256 if quick else 512, torch.bfloat16, "cpu", reps=reps)[0],
+        fp32_flops=_matmul_rate(256 if quick else 512, torch.float32, "cpu", reps=reps)[0],
         launch_eager_us=time_host(lambda: x.add_(1), reps=200).median_us,
         launch_graph_us=float("nan"),
         l2_bytes=None,

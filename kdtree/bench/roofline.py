@@ -22,7 +22,12 @@ Every roof is a lower bound on the time of one call, from the one cost model
   diagnosis also gives the time per wave beyond it (a block's prologue, epilogue and stalls).
 
 The attainable time is the largest of these, the binding roof is the one that sets it, and
-the fraction is attainable / measured. A point whose binding roof is the launch floor but which
+the fraction is attainable / measured. The compute roofs hold at the SM clock the bf16 rate was
+measured at (``Ceilings.tensor_clock_mhz``); a point whose power draw lowered the clock (in an
+H200 grid, ``results/verify_table_h200/a2e2347``, the calls of 15-61 ms and the shards that
+stream HBM ran at 1575-1815 MHz, half the points at 1980) has ``clock_ratio`` below 1, and where
+a compute roof binds its diagnosis gives the fraction of that roof at the point's own clock too.
+The fraction itself stays against the measured rate. A point whose binding roof is the launch floor but which
 takes more than twice that is ``latency``-bound: serial work that no roof describes. The gap to
 the *ideal* roof (useful FLOPs on the fastest unit, the minimum bytes from HBM, or a single
 launch, whichever is largest) says how far any variant could still go.
@@ -51,7 +56,11 @@ ROOF_LABELS = {"launch": "launch", "hbm": "HBM", "l2": "L2", "tensor": "tensor-c
 # Columns classify() adds.
 COLUMNS = ("flops", "flops_exec", "bytes_min", "hbm_bytes", "dram_bytes", "l2_bytes", "bytes_moved", "launches",
            "intensity", "intensity_l2", "achieved_tflops", "achieved_tbs", "hbm_tbs", "moved_tbs",
-           "attainable_us", "fraction", "bound", "ideal_us", "ideal_roof", "gap_to_ideal", "diagnosis")
+           "attainable_us", "fraction", "bound", "ideal_us", "ideal_roof", "gap_to_ideal", "clock_ratio", "diagnosis")
+
+# A point whose SM clock ran this far or more below the bf16 probe's gets the clock in its diagnosis
+# (the sampled clocks step by 15 MHz; 3% is two steps at an H200's 1980 MHz).
+CLOCK_NOTE_BELOW = 0.97
 
 
 def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str, counted: dict | None = None) -> dict[str, float]:
@@ -102,11 +111,14 @@ def ideal_time(cost: Cost, ceilings: Ceilings, mode: str) -> tuple[float, str]:
 
 def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, l2: str,
                    variant: str = "", kernel: str = "", counted: dict | None = None,
-                   floor_us: float | None = None, floor_launches: float = math.nan) -> dict:
+                   floor_us: float | None = None, floor_launches: float = math.nan,
+                   sm_clock_mhz: float = math.nan) -> dict:
     """Roofline figures of one measured point (the columns of :data:`COLUMNS`).
 
     ``counted``: the point's counter bytes where the run profiled it (see :func:`roof_times`);
     the diagnosis says whether the memory roofs come from the counters or the model.
+    ``sm_clock_mhz``: the median SM clock sampled while the point was timed; with the ceilings'
+    ``tensor_clock_mhz`` it gives ``clock_ratio`` (NaN where either is unknown).
 
     A host-timed point judged against GPU ceilings gets bound ``host`` and no fraction: the
     GPU's roofs say nothing about a CPU path. An eager point on a GPU gets bound ``host`` too,
@@ -123,6 +135,8 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
            "achieved_tflops": cost.flops / t / 1e12, "achieved_tbs": cost.bytes_min / t / 1e12,
            "hbm_tbs": cost.hbm_bytes / t / 1e12, "moved_tbs": cost.bytes_moved / t / 1e12}
     name = variant or "?"
+    out["clock_ratio"] = (sm_clock_mhz / ceilings.tensor_clock_mhz
+                          if sm_clock_mhz > 0 and ceilings.tensor_clock_mhz > 0 else np.nan)
     none = dict(ideal_us=np.nan, ideal_roof="", gap_to_ideal=np.nan)
     if mode == "host" and ceilings.kind == "gpu":
         out.update(attainable_us=np.nan, fraction=np.nan, bound="host", **none,
@@ -145,6 +159,11 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
     gap = median_us / ideal if ideal > 0 else np.nan
     diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times, byte_source(cost, counted),
                          median_us)
+    if bound in ("tensor", "waves") and out["clock_ratio"] < CLOCK_NOTE_BELOW:
+        diagnosis += (f"; the SM clock ran at {sm_clock_mhz:.0f} MHz, {out['clock_ratio']:.0%} of the "
+                      f"{ceilings.tensor_clock_mhz:.0f} MHz the bf16 rate was measured at (power or thermal "
+                      f"limit): {attainable / median_us / out['clock_ratio']:.0%} of the {ROOF_LABELS[bound]} "
+                      f"roof at its own clock")
     if bound == "launch" and attainable / median_us < 0.5:
         bound = "latency"   # far above every roof: serial work, not launches or bytes
     out.update(attainable_us=attainable, fraction=attainable / median_us, bound=bound,
@@ -231,9 +250,11 @@ def classify(df: pd.DataFrame, ceilings: Ceilings, counters: pd.DataFrame | None
         variant = rec.get("variant") if isinstance(rec.get("variant"), str) else rec.get("path", "")
         floor = {k: float(rec[k]) for k in ("floor_us", "floor_launches")
                  if isinstance(rec.get(k), (int, float)) and math.isfinite(rec[k])}
+        clock = rec.get("sm_clock_mhz")
+        clock = float(clock) if isinstance(clock, (int, float)) else math.nan
         point = {} if cost is None else classify_point(cost, ceilings, rec["median_us"], rec["mode"], rec["l2"],
                                                        str(variant), str(rec["kernel"]), note_for_row(counted, rec) or None,
-                                                       **floor)
+                                                       **floor, sm_clock_mhz=clock)
         extra = note_for_row(notes, rec) if point else ""
         if extra:
             point["diagnosis"] += f"; {extra}"
