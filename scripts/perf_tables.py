@@ -98,8 +98,11 @@ def _spread(v: pd.Series) -> str:
 def verify_grid(run: str) -> str:
     """The issue bars over a verify grid's ``fused`` rows: per group of shapes, the points at or
     above the bar, then the same count with each dense-rate fraction taken at the point's own SM
-    clock (its fraction times the bf16 probe's clock over its sampled clock: a call that lowered
-    the clock had a lower roof); then ``fused`` against the other configurations."""
+    clock where it ran below ``roofline.CLOCK_NOTE_BELOW`` of the bf16 probe's (its fraction times
+    the probe's clock over its sampled clock: a call that lowered the clock had a lower roof);
+    then ``fused`` against the other configurations."""
+    from kdtree.bench.roofline import CLOCK_NOTE_BELOW
+
     d, meta = _grid(run)
     f = d[d.config == "fused"].copy()
     groups = [
@@ -119,12 +122,15 @@ def verify_grid(run: str) -> str:
            f"`{meta['default_fused_impl']}`, SM clock {meta['sm_clock_min_mhz']:.0f}-{meta['sm_clock_max_mhz']:.0f} "
            f"MHz during the timed work; ceilings measured in that run: HBM {meta['ceiling_hbm_bw'] / 1e12:.2f} TB/s, "
            f"dense bf16 {meta['ceiling_bf16_flops'] / 1e12:.0f} TFLOP/s; {meta['timing']}). At the point's clock: "
-           f"the fraction times {clock}, over the point's median sampled clock.", "",
+           f"the fraction times {clock}, over the point's median sampled clock, where that is below "
+           f"{CLOCK_NOTE_BELOW:.0%} of it.", "",
            "| shapes (`fused`) | points | bar | at or above | fraction min / median / max | at or above at the "
            "point's clock | SM clock min / median / max (MHz) |", "|---|---|---|---|---|---|---|"]
     for name, col, bar, mask in groups:
         g = f[mask]
-        at_clock = "-" if col == "frac_hbm" else str(int((g[col] * probe / g.sm_clock_mhz >= bar).sum()))
+        ratio = g.sm_clock_mhz / probe
+        scaled = g[col] / ratio.where(ratio < CLOCK_NOTE_BELOW, 1.0)
+        at_clock = "-" if col == "frac_hbm" else str(int((scaled >= bar).sum()))
         mhz = f"{g.sm_clock_mhz.min():.0f} / {g.sm_clock_mhz.median():.0f} / {g.sm_clock_mhz.max():.0f}"
         out.append(f"| {name} | {len(g)} | {bar:.2f} of {'HBM' if col == 'frac_hbm' else 'bf16'} | "
                    f"{int((g[col] >= bar).sum())} | {_spread(g[col]) if len(g) else '-'} | {at_clock} | {mhz} |")

@@ -184,7 +184,7 @@ def test_grid_diff_matches_each_configuration_shape_by_shape():
 def test_verify_grid_counts_each_bar_at_the_points_own_clock_too():
     """perf_tables verify-grid on a committed grid that did not record the bf16 probe's clock: the
     caption says the run's highest sampled clock stands in for it; a point's fraction at its own
-    clock is never below its plain fraction, so each bf16 group passes at least as many points at
+    clock (taken where the clock ran 3% or more below) is never below its plain fraction, so each bf16 group passes at least as many points at
     its clock, and the count is recomputed from the parquet."""
     import pandas as pd
 
@@ -196,7 +196,8 @@ def test_verify_grid_counts_each_bar_at_the_points_own_clock_too():
     row = next(line for line in table.splitlines() if line.startswith("| H = 64, B >= 4")).strip("|").split("|")
     plain, at_clock = int(row[3]), int(row[5])
     assert plain == int((f.frac_bf16 >= 0.80).sum())
-    assert at_clock == int((f.frac_bf16 * 1980 / f.sm_clock_mhz >= 0.80).sum()) and at_clock >= plain
+    ratio = f.sm_clock_mhz / 1980
+    assert at_clock == int((f.frac_bf16 / ratio.where(ratio < 0.97, 1.0) >= 0.80).sum()) and at_clock >= plain
     bf16_rows = [line.strip("|").split("|") for line in table.splitlines() if "of bf16 |" in line]
     assert len(bf16_rows) == 3 and all(int(r[5]) >= int(r[3]) for r in bf16_rows)
     assert "| - |" in next(line for line in table.splitlines() if "of HBM" in line)
