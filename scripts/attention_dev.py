@@ -35,13 +35,14 @@ SHAPES = [(64, 9, 8, 16384), (8, 65, 8, 32768), (8, 33, 16, 16384), (1, 33, 64, 
 
 
 def ceilings() -> tuple[float, float, float]:
-    """(HBM bandwidth in B/s, dense bf16 matmul FLOP/s, the SM clock in MHz during the matmul), measured now, as the project's roofline
-    takes them (``kdtree.bench.ceilings``): the bandwidth the best of its read / write / copy
-    probes over 2 GiB, the rate ``torch.mm`` 8192^3 on random data timed behind a device hold (the
-    wgmma probe's reference). An 8192^3 matmul replayed after a second of matmuls read 690 TFLOP/s
-    where this reads 789 in the same call on an H200 (``results/verify_table_h200/49e9c69``
-    against ``results/wgmma_probe_h200/49e9c69.txt``): fractions against it read high. A call that
-    runs long enough to lower the SM clock (power) has a lower roof at its own clock."""
+    """(HBM bandwidth in B/s, dense bf16 matmul FLOP/s, the SM clock in MHz during the matmul),
+    measured now, as the project's roofline takes them (``kdtree.bench.ceilings``): the bandwidth
+    the best of its read / write / copy probes over 2 GiB, the rate ``torch.mm`` 8192^3 on random
+    data timed behind a device hold (the wgmma probe's reference). An 8192^3 matmul replayed after
+    a second of matmuls read 690 TFLOP/s where this reads 789 in the same call on an H200
+    (``results/verify_table_h200/49e9c69`` against ``results/wgmma_probe_h200/49e9c69.txt``):
+    fractions against it read high. A call that draws enough power to lower the SM clock has a
+    lower roof at its own clock."""
     from kdtree.bench.ceilings import _matmul_rate, measure_ceilings
 
     rate, mhz = _matmul_rate(8192, torch.bfloat16, "cuda", reps=20)
