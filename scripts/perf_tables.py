@@ -126,7 +126,7 @@ def verify_grid(run: str) -> str:
            f"{CLOCK_NOTE_BELOW:.0%} of it.", "",
            "| shapes (`fused`) | points | bar | at or above | fraction min / median / max | at or above at the "
            "point's clock | SM clock min / median / max (MHz) |", "|---|---|---|---|---|---|---|"]
-    for name, col, bar, mask in groups:
+    for i, (name, col, bar, mask) in enumerate(groups):
         g = f[mask]
         ratio = g.sm_clock_mhz / probe
         scaled = g[col] / ratio.where(ratio < CLOCK_NOTE_BELOW, 1.0)
@@ -134,9 +134,15 @@ def verify_grid(run: str) -> str:
         mhz = f"{g.sm_clock_mhz.min():.0f} / {g.sm_clock_mhz.median():.0f} / {g.sm_clock_mhz.max():.0f}"
         out.append(f"| {name} | {len(g)} | {bar:.2f} of {'HBM' if col == 'frac_hbm' else 'bf16'} | "
                    f"{int((g[col] >= bar).sum())} | {_spread(g[col]) if len(g) else '-'} | {at_clock} | {mhz} |")
+        if i == 0:  # where the H = 64 points below the bar are
+            miss = g[scaled < bar]
+            long = miss[miss.P > 4096]
+            below = (f"Below the bar of the first group at the point's clock: {len(miss) - len(long)} at P <= 4096, "
+                     f"{int((long.splits > 1).sum())} at longer prefixes run in KV splits, "
+                     f"{int((long.splits == 1).sum())} at longer prefixes in one launch.")
     key = ["B", "N", "H", "P"]
     fu = f.set_index(key).us
-    out += ["", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]
+    out += ["", below, "", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]
     for other in ("cascade", "fused_pair", "fused_tma_seq", "fused_wgmma"):
         o = d[(d.config == other) & d.us.notna()].set_index(key).us
         r = (fu / o).dropna()

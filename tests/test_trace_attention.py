@@ -1,6 +1,7 @@
 """scripts/trace_attention.py's reading of committed H200 traces of the `tma` verify kernel (the
 in-kernel event trace of cuda/attention_trace.cuh), before and after the masking fix: the
 records parse into each role's tile loop, and the intervals say what the perf log says they do."""
+import re
 import runpy
 from pathlib import Path
 
@@ -201,3 +202,8 @@ def test_verify_grid_counts_each_bar_at_the_points_own_clock_too():
     bf16_rows = [line.strip("|").split("|") for line in table.splitlines() if "of bf16 |" in line]
     assert len(bf16_rows) == 3 and all(int(r[5]) >= int(r[3]) for r in bf16_rows)
     assert "| - |" in next(line for line in table.splitlines() if "of HBM" in line)
+    short, split, one = (int(n) for n in re.search(r"clock: (\d+) at P <= 4096, (\d+) at longer prefixes run in KV "
+                                                    r"splits, (\d+) at longer prefixes in one launch", table).groups())
+    miss = f[f.frac_bf16 / ratio.where(ratio < 0.97, 1.0) < 0.80]
+    assert short + split + one == len(f) - at_clock and short == int((miss.P <= 4096).sum())
+    assert split == int(((miss.P > 4096) & (miss.splits > 1)).sum())
