@@ -27,10 +27,10 @@ measured at (``Ceilings.tensor_clock_mhz``); a point whose power draw lowered th
 H200 grid, ``results/verify_table_h200/a2e2347``, the calls of 15-61 ms and the shards that
 stream HBM ran at 1575-1815 MHz, half the points at 1980) has ``clock_ratio`` below 1, and where
 a compute roof binds its diagnosis gives the fraction of that roof at the point's own clock too.
-The fraction itself stays against the measured rate. A point whose binding roof is the launch floor but which
-takes more than twice that is ``latency``-bound: serial work that no roof describes. The gap to
-the *ideal* roof (useful FLOPs on the fastest unit, the minimum bytes from HBM, or a single
-launch, whichever is largest) says how far any variant could still go.
+The fraction itself stays against the measured rate. A point whose binding roof is the launch
+floor but which takes more than twice that is ``latency``-bound: serial work that no roof
+describes. The gap to the *ideal* roof (useful FLOPs on the fastest unit, the minimum bytes
+from HBM, or a single launch, whichever is largest) says how far any variant could still go.
 
 Eager timings include kdtree's Python dispatch, so they are never judged against a device
 roof: an eager point is compared with the host floor of its op and gets bound ``host``. The
