@@ -185,8 +185,9 @@ def test_grid_diff_matches_each_configuration_shape_by_shape():
 def test_verify_grid_counts_each_bar_at_the_points_own_clock_too():
     """perf_tables verify-grid on a committed grid that did not record the bf16 probe's clock: the
     caption says the run's highest sampled clock stands in for it; a point's fraction at its own
-    clock (taken where the clock ran 3% or more below) is never below its plain fraction, so each bf16 group passes at least as many points at
-    its clock, and the count is recomputed from the parquet."""
+    clock (taken where the clock ran 3% or more below) is never below its plain fraction, so each
+    bf16 group passes at least as many points at its clock; the counts and the points that pass
+    only at their clock are recomputed from the parquet."""
     import pandas as pd
 
     run = ROOT / "results" / "verify_table_h200" / "a2e2347"
@@ -207,3 +208,7 @@ def test_verify_grid_counts_each_bar_at_the_points_own_clock_too():
     miss = f[f.frac_bf16 / ratio.where(ratio < 0.97, 1.0) < 0.80]
     assert short + split + one == len(f) - at_clock and short == int((miss.P <= 4096).sum())
     assert split == int(((miss.P > 4096) & (miss.splits > 1)).sum())
+    gained = f[(f.frac_bf16 < 0.80) & (f.frac_bf16 / ratio.where(ratio < 0.97, 1.0) >= 0.80)]
+    listed = re.findall(r"B=(\d+) N=(\d+) P=(\d+) at (\d+) MHz", table)
+    assert len(listed) == at_clock - plain == len(gained)
+    assert {(int(b), int(n), int(p)) for b, n, p, _ in listed} == set(zip(gained.B, gained.N, gained.P))

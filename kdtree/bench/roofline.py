@@ -23,10 +23,9 @@ Every roof is a lower bound on the time of one call, from the one cost model
 
 The attainable time is the largest of these, the binding roof is the one that sets it, and
 the fraction is attainable / measured. The compute roofs hold at the SM clock the bf16 rate was
-measured at (``Ceilings.tensor_clock_mhz``); a point whose power draw lowered the clock (in an
-H200 grid, ``results/verify_table_h200/a2e2347``, the calls of 15-61 ms and the shards that
-stream HBM ran at 1575-1815 MHz, half the points at 1980) has ``clock_ratio`` below 1, and where
-a compute roof binds its diagnosis gives the fraction of that roof at the point's own clock too.
+measured at (``Ceilings.tensor_clock_mhz``); a point whose power draw lowered the clock (the
+longest calls of an H200 grid: docs/perf_log.md, session 24) has ``clock_ratio`` below 1, and
+where a compute roof binds its diagnosis gives the fraction of that roof at its own clock too.
 The fraction itself stays against the measured rate. A point whose binding roof is the launch
 floor but which takes more than twice that is ``latency``-bound: serial work that no roof
 describes. The gap to the *ideal* roof (useful FLOPs on the fastest unit, the minimum bytes
@@ -61,6 +60,13 @@ COLUMNS = ("flops", "flops_exec", "bytes_min", "hbm_bytes", "dram_bytes", "l2_by
 # A point whose SM clock ran this far or more below the bf16 probe's gets the clock in its diagnosis
 # (the sampled clocks step by 15 MHz; 3% is two steps at an H200's 1980 MHz).
 CLOCK_NOTE_BELOW = 0.97
+
+
+def at_clock(fraction, clock_ratio):
+    """A compute roof's fraction at the point's own SM clock: ``fraction / clock_ratio`` where the
+    clock ran :data:`CLOCK_NOTE_BELOW` or further below the bf16 probe's, else ``fraction`` (also
+    where the ratio is unknown). Scalars or arrays."""
+    return fraction / np.where(clock_ratio < CLOCK_NOTE_BELOW, clock_ratio, 1.0)
 
 
 def roof_times(cost: Cost, ceilings: Ceilings, mode: str, l2: str, counted: dict | None = None) -> dict[str, float]:
@@ -159,11 +165,11 @@ def classify_point(cost: Cost, ceilings: Ceilings, median_us: float, mode: str, 
     gap = median_us / ideal if ideal > 0 else np.nan
     diagnosis = diagnose(name, cost, bound, attainable / median_us, gap, ideal_roof, times, byte_source(cost, counted),
                          median_us)
-    if bound in ("tensor", "waves") and out["clock_ratio"] < CLOCK_NOTE_BELOW:
+    own = float(at_clock(attainable / median_us, out["clock_ratio"]))
+    if bound in ("tensor", "waves") and own != attainable / median_us:
         diagnosis += (f"; the SM clock ran at {sm_clock_mhz:.0f} MHz, {out['clock_ratio']:.0%} of the "
                       f"{ceilings.tensor_clock_mhz:.0f} MHz the bf16 rate was measured at (power or thermal "
-                      f"limit): {attainable / median_us / out['clock_ratio']:.0%} of the {ROOF_LABELS[bound]} "
-                      f"roof at its own clock")
+                      f"limit): {own:.0%} of the {ROOF_LABELS[bound]} roof at its own clock")
     if bound == "launch" and attainable / median_us < 0.5:
         bound = "latency"   # far above every roof: serial work, not launches or bytes
     out.update(attainable_us=attainable, fraction=attainable / median_us, bound=bound,
