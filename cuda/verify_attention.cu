@@ -203,33 +203,54 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
 // (o_part [slots, B, NH, 512] normalised fp32, lse_part [slots, B, NH] log2). 128 threads x 4 cols.
 // Launched with programmatic dependent launch: its blocks may start on the SMs the kernel before
 // it leaves free, and wait here until that kernel (the partials' writer) has completed.
+// The combine runs after the whole split launch, so its time is the call's: one pass, each chunk
+// of COMBINE_CHUNK splits' lse and O slices loaded together (one L2 round trip a chunk, where a
+// max pass, a sum pass and a weighted pass cost a round trip each) and merged online.
+#define COMBINE_CHUNK 8
 extern "C" __global__ void __launch_bounds__(128)
 verify_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, att_bf16* __restrict__ out,
                float* __restrict__ lse, int B, int NH, int slots) {
   pdl_wait();
   const int g = blockIdx.x, b = blockIdx.y;
   const size_t stride = (size_t)B * NH, row = (size_t)b * NH + g;
-  float mx = ATT_NEG_INF;
-  for (int s = 0; s < slots; ++s) mx = fmaxf(mx, lse_part[s * stride + row]);
-  float sum = 0.f;
-  if (mx != ATT_NEG_INF)
-    for (int s = 0; s < slots; ++s) sum += att_exp2(lse_part[s * stride + row] - mx);
   const int col = 4 * threadIdx.x;
+  float m = ATT_NEG_INF, sum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (sum > 0.f) {
-    const float inv = 1.f / sum;
-    for (int s = 0; s < slots; ++s) {
-      const float w = att_exp2(lse_part[s * stride + row] - mx) * inv;
-      const float4 x = *reinterpret_cast<const float4*>(o_part + (s * stride + row) * ATT_D_V + col);
-      acc.x += w * x.x;
-      acc.y += w * x.y;
-      acc.z += w * x.z;
-      acc.w += w * x.w;
+  for (int s0 = 0; s0 < slots; s0 += COMBINE_CHUNK) {
+    float l[COMBINE_CHUNK];
+    float4 x[COMBINE_CHUNK];
+#pragma unroll
+    for (int j = 0; j < COMBINE_CHUNK; ++j) {
+      const size_t slot = (size_t)(s0 + j) * stride + row;
+      const bool in = s0 + j < slots;
+      l[j] = in ? lse_part[slot] : ATT_NEG_INF;
+      x[j] = in ? *reinterpret_cast<const float4*>(o_part + slot * ATT_D_V + col) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float mc = m;
+#pragma unroll
+    for (int j = 0; j < COMBINE_CHUNK; ++j) mc = fmaxf(mc, l[j]);
+    if (mc == ATT_NEG_INF) continue;  // no visible key in any split so far
+    const float r = att_exp2(m - mc);  // 0 while m is -inf
+    sum *= r;
+    acc.x *= r;
+    acc.y *= r;
+    acc.z *= r;
+    acc.w *= r;
+#pragma unroll
+    for (int j = 0; j < COMBINE_CHUNK; ++j) {
+      const float w = att_exp2(l[j] - mc);
+      sum += w;
+      acc.x += w * x[j].x;
+      acc.y += w * x[j].y;
+      acc.z += w * x[j].z;
+      acc.w += w * x[j].w;
+    }
+    m = mc;
   }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
   *reinterpret_cast<uint2*>(out + row * ATT_D_V + col) =
-      make_uint2(att_pack_bf16x2(acc.x, acc.y), att_pack_bf16x2(acc.z, acc.w));
-  if (threadIdx.x == 0) lse[row] = sum > 0.f ? (mx + att_log2(sum)) * ATT_LN2 : ATT_NEG_INF;
+      make_uint2(att_pack_bf16x2(acc.x * inv, acc.y * inv), att_pack_bf16x2(acc.z * inv, acc.w * inv));
+  if (threadIdx.x == 0) lse[row] = sum > 0.f ? (m + att_log2(sum)) * ATT_LN2 : ATT_NEG_INF;
 }
 
 #define NAIVE_WARPS 8
