@@ -205,9 +205,10 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
 // it leaves free, and wait here until that kernel (the partials' writer) has completed.
 // The combine runs after the whole split launch, so its time is the call's: one pass, each chunk
 // of COMBINE_CHUNK splits' lse and O slices loaded together (one L2 round trip a chunk, where a
-// max pass, a sum pass and a weighted pass cost a round trip each) and merged online.
-#define COMBINE_CHUNK 8
-extern "C" __global__ void __launch_bounds__(128)
+// max pass, a sum pass and a weighted pass cost a round trip each) and merged online. At most 32
+// registers a thread, so that 16 blocks fit an SM: B = 1, N = 33, H = 64's 2112 rows in one wave.
+#define COMBINE_CHUNK 4
+extern "C" __global__ void __launch_bounds__(128, 16)
 verify_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, att_bf16* __restrict__ out,
                float* __restrict__ lse, int B, int NH, int slots) {
   pdl_wait();
