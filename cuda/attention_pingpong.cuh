@@ -150,7 +150,7 @@ __device__ __forceinline__ void pp_row_sums(float l_lo, float l_hi, float* sRed,
 // The consumer warpgroups' end in the TMA kernels: both warpgroups' row sums into sRed, named
 // barrier `nb` (256 threads: the sums and the final sM visible), then O and lse stored.
 __device__ __forceinline__ void pp_consumers_end(const float (&o)[128], float l_lo, float l_hi, att_bf16* out,
-                                                 float* lse, float* o_part, float* lse_part, const FusedBlock& k,
+                                                 float* lse, att_bf16* o_part, float* lse_part, const FusedBlock& k,
                                                  int B, int slot0, float* sRed, const float* sM, int wg, int r_lo,
                                                  int r_hi, int tig, int tid, int nb) {
   pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_hi, tig);

@@ -210,17 +210,13 @@ __device__ __forceinline__ void fused_softmax_store_p(float (&s)[NT][4], float t
   fused_store_p(s, sP, r_lo, r_hi, cg, tig);
 }
 
-// Store two adjacent output values of tile row r, value column col: bf16 into out, or, for a
-// split, normalised fp32 into this split's partial slot.
-__device__ __forceinline__ void fused_store_pair(att_bf16* out, float* o_part, const FusedBlock& k, int B, int slot0,
-                                                 int r, int col, float x0, float x1) {
-  if (o_part == nullptr) {
-    const size_t row = (size_t)k.b * k.NH + k.g0 + r;
-    *reinterpret_cast<att_u32*>(out + row * ATT_D_V + col) = att_pack_bf16x2(x0, x1);
-  } else {
-    const size_t row = ((size_t)(slot0 + k.split) * B + k.b) * k.NH + k.g0 + r;
-    *reinterpret_cast<float2*>(o_part + row * ATT_D_V + col) = make_float2(x0, x1);
-  }
+// Store two adjacent output values of tile row r, value column col, as bf16: into out, or, for a
+// split, normalised into this split's partial slot.
+__device__ __forceinline__ void fused_store_pair(att_bf16* out, att_bf16* o_part, const FusedBlock& k, int B,
+                                                 int slot0, int r, int col, float x0, float x1) {
+  const size_t row = o_part == nullptr ? (size_t)k.b * k.NH + k.g0 + r
+                                       : ((size_t)(slot0 + k.split) * B + k.b) * k.NH + k.g0 + r;
+  *reinterpret_cast<att_u32*>((o_part == nullptr ? out : o_part) + row * ATT_D_V + col) = att_pack_bf16x2(x0, x1);
 }
 
 // Rescale the O rows a thread holds in the wgmma m64n256 accumulator layout (see below) by their
@@ -263,14 +259,14 @@ __device__ __forceinline__ void att_quad_transpose(att_u32 (&w)[4], int tig) {
 
 // The O rows r_lo and r_lo + 8 a warpgroup holds in the wgmma m64n256 accumulator layout (o[4 j],
 // o[4 j + 1]: row r_lo; o[4 j + 2], o[4 j + 3]: row r_lo + 8; value columns 256 wg + 8 j + 2 tig
-// + {0, 1}), normalised by the row sums of the two warpgroups (sSum[r] + sSum[BM + r]) and stored.
-// bf16 rows: a quad holds 16 bytes of a row per j, each lane 4 of them; 4-byte stores leave every
-// 32-byte sector half written per instruction, and the pair traces showed blocks with bf16 rows
-// ending later after their last P V than blocks writing twice the bytes as fp32 partials
-// (docs/perf_log.md, session 18). So each quad transposes its words over j = 4 m .. 4 m + 3 and
-// lane tig stores j = 4 m + tig's 16 bytes: 64 contiguous bytes a row per instruction. fp32
-// partials already fill whole sectors with 8-byte stores.
-__device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf16* out, float* o_part,
+// + {0, 1}), normalised by the row sums of the two warpgroups (sSum[r] + sSum[BM + r]) and stored
+// as bf16 into out or, for a split, into its partial slot. A quad holds 16 bytes of a row per j,
+// each lane 4 of them; 4-byte stores leave every 32-byte sector half written per instruction, and
+// the pair traces showed blocks with bf16 rows ending later after their last P V than blocks
+// writing twice the bytes as fp32 partials (docs/perf_log.md, session 18). So each quad transposes
+// its words over j = 4 m .. 4 m + 3 and lane tig stores j = 4 m + tig's 16 bytes: 64 contiguous
+// bytes a row per instruction.
+__device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf16* out, att_bf16* o_part,
                                                    const FusedBlock& k, int B, int slot0, int r_lo, int wg,
                                                    int tig, const float* sSum) {
 #pragma unroll
@@ -279,22 +275,17 @@ __device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf
     const bool valid = k.g0 + r < k.NH;
     const float l = sSum[r] + sSum[FUSED_BM + r];
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (o_part == nullptr) {  // (the shuffles run on every lane; only the stores skip padding rows)
-      att_bf16* row = out + ((size_t)k.b * k.NH + k.g0 + r) * ATT_D_V + 256 * wg;
+    att_bf16* row = (o_part == nullptr ? out + ((size_t)k.b * k.NH + k.g0 + r) * ATT_D_V
+                                       : o_part + (((size_t)(slot0 + k.split) * B + k.b) * k.NH + k.g0 + r) * ATT_D_V)
+                    + 256 * wg;
 #pragma unroll
-      for (int m = 0; m < 8; ++m) {
-        att_u32 w[4];
+    for (int m = 0; m < 8; ++m) {  // (the shuffles run on every lane; only the stores skip padding rows)
+      att_u32 w[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          w[c] = att_pack_bf16x2(o[4 * (4 * m + c) + 2 * half] * inv, o[4 * (4 * m + c) + 2 * half + 1] * inv);
-        att_quad_transpose(w, tig);
-        if (valid) *reinterpret_cast<uint4*>(row + 8 * (4 * m + tig)) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    } else if (valid) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j)
-        fused_store_pair(out, o_part, k, B, slot0, r, 256 * wg + 8 * j + 2 * tig, o[4 * j + 2 * half] * inv,
-                         o[4 * j + 2 * half + 1] * inv);
+      for (int c = 0; c < 4; ++c)
+        w[c] = att_pack_bf16x2(o[4 * (4 * m + c) + 2 * half] * inv, o[4 * (4 * m + c) + 2 * half + 1] * inv);
+      att_quad_transpose(w, tig);
+      if (valid) *reinterpret_cast<uint4*>(row + 8 * (4 * m + tig)) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
 }

@@ -13,7 +13,7 @@
 //   verify_fused    one block per (tile of 64 (query, head) rows, KV split, sequence): reads
 //                   each latent row once per tile, QK^T and PV on mma.sync bf16 tensor cores,
 //                   ancestor mask on the tree rows in the same pass. Writes out/lse directly,
-//                   or per-split partials (o normalised, fp32; lse in log2) for verify_combine.
+//                   or per-split partials (o normalised, bf16; lse fp32 in log2) for verify_combine.
 //                   `mode` restricts the KV range (1: prefix only, 2: tree only) for the cascade.
 //                   verify_attention_wgmma.cu holds the same kernel on wgmma (sm_90a).
 //   verify_combine  lse-merges `slots` partials into out/lse.
@@ -57,7 +57,7 @@ __device__ __forceinline__ void fused_pv_b(att_u32 sK, int ks, int pp, int warp,
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1)
 verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
              const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
-             att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
+             att_bf16* __restrict__ out, float* __restrict__ lse, att_bf16* __restrict__ o_part,
              float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
              int mode, float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -200,7 +200,7 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
 }
 
 // out/lse of row g = blockIdx.x of sequence b = blockIdx.y from `slots` partials
-// (o_part [slots, B, NH, 512] normalised fp32, lse_part [slots, B, NH] log2). 128 threads x 4 cols.
+// (o_part [slots, B, NH, 512] normalised bf16, lse_part [slots, B, NH] log2). 128 threads x 4 cols.
 // Launched with programmatic dependent launch: its blocks may start on the SMs the kernel before
 // it leaves free, and wait here until that kernel (the partials' writer) has completed.
 // The combine runs after the whole split launch, so its time is the call's: one pass, each chunk
@@ -209,7 +209,7 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
 // registers a thread, so that 16 blocks fit an SM: B = 1, N = 33, H = 64's 2112 rows in one wave.
 #define COMBINE_CHUNK 4
 extern "C" __global__ void __launch_bounds__(128, 16)
-verify_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part, att_bf16* __restrict__ out,
+verify_combine(const att_bf16* __restrict__ o_part, const float* __restrict__ lse_part, att_bf16* __restrict__ out,
                float* __restrict__ lse, int B, int NH, int slots) {
   pdl_wait();
   const int g = blockIdx.x, b = blockIdx.y;
@@ -219,13 +219,13 @@ verify_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s0 = 0; s0 < slots; s0 += COMBINE_CHUNK) {
     float l[COMBINE_CHUNK];
-    float4 x[COMBINE_CHUNK];
+    uint2 x[COMBINE_CHUNK];  // 4 bf16 values
 #pragma unroll
     for (int j = 0; j < COMBINE_CHUNK; ++j) {
       const size_t slot = (size_t)(s0 + j) * stride + row;
       const bool in = s0 + j < slots;
       l[j] = in ? lse_part[slot] : ATT_NEG_INF;
-      x[j] = in ? *reinterpret_cast<const float4*>(o_part + slot * ATT_D_V + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[j] = in ? *reinterpret_cast<const uint2*>(o_part + slot * ATT_D_V + col) : make_uint2(0u, 0u);
     }
     float mc = m;
 #pragma unroll
@@ -241,10 +241,10 @@ verify_combine(const float* __restrict__ o_part, const float* __restrict__ lse_p
     for (int j = 0; j < COMBINE_CHUNK; ++j) {
       const float w = att_exp2(l[j] - mc);
       sum += w;
-      acc.x += w * x[j].x;
-      acc.y += w * x[j].y;
-      acc.z += w * x[j].z;
-      acc.w += w * x[j].w;
+      acc.x += w * att_bf16_to_f32((att_bf16)(x[j].x & 0xffff));
+      acc.y += w * att_bf16_to_f32((att_bf16)(x[j].x >> 16));
+      acc.z += w * att_bf16_to_f32((att_bf16)(x[j].y & 0xffff));
+      acc.w += w * att_bf16_to_f32((att_bf16)(x[j].y >> 16));
     }
     m = mc;
   }

@@ -164,7 +164,7 @@ __device__ __forceinline__ void pair_load_rope(att_u32 (&qr)[4][4], att_u32 sQ, 
 __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTensorMap* qmap,
                                           const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                           att_bf16* __restrict__ out, float* __restrict__ lse,
-                                          float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
+                                          att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
                                           int N, int H, int W, int splits, int slot0, int mode, float scale_log2) {
   static_assert(FUSED_BM == 64 && FUSED_BN == 64 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
                 "verify_fused_pair: 64 x 64 tiles, 256 value columns a warpgroup, 9 boxes a tile");
@@ -374,7 +374,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
 extern "C" __global__ void __launch_bounds__(PAIR_THREADS, 1)
     verify_fused_pair(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                       const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
-                      att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
+                      att_bf16* __restrict__ out, float* __restrict__ lse, att_bf16* __restrict__ o_part,
                       float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
                       int mode, float scale_log2, const __grid_constant__ AttTensorMap map,
                       const __grid_constant__ AttTensorMap qmap) {

@@ -142,7 +142,7 @@ __device__ __forceinline__ void rn_tile(float* o, float* m, float* l, att_u32 sK
 template <int NW, int OS>
 __device__ __forceinline__ void rn_finish(const float* o, const float* m, float* l, const RnWarpgroup& w,
                                           const FusedBlock& k, int rows, att_bf16* out, float* lse,
-                                          float* o_part, float* lse_part, int B, int slot0) {
+                                          att_bf16* o_part, float* lse_part, int B, int slot0) {
 #pragma unroll
   for (int ci = 0; ci < NW / 4; ++ci) {
 #pragma unroll
@@ -173,14 +173,12 @@ __device__ __forceinline__ void rn_finish(const float* o, const float* m, float*
       if (r >= rows) continue;
       const int v = 64 * i + 16 * w.wq + w.gid + 8 * ((e >> 1) & 1);
       const size_t g = (size_t)k.b * k.NH + k.g0 + r;
-      const float x = o[i * OS + e] * inv[ci];
-      if (o_part != nullptr) {
-        o_part[((size_t)(slot0 + k.split) * B * k.NH + g) * ATT_D_V + v] = x;
-      } else {
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+      unsigned short h;
+      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(o[i * OS + e] * inv[ci]));
+      if (o_part != nullptr)
+        o_part[((size_t)(slot0 + k.split) * B * k.NH + g) * ATT_D_V + v] = h;
+      else
         out[g * ATT_D_V + v] = h;
-      }
     }
   }
 }
@@ -191,7 +189,7 @@ template <int NW>
 __device__ __forceinline__ void rn_kernel(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                                           const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                           att_bf16* __restrict__ out, float* __restrict__ lse,
-                                          float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
+                                          att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
                                           int N, int H, int W, int splits, int slot0, int mode, int tile_rows,
                                           float scale_log2) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -254,7 +252,7 @@ __device__ __forceinline__ void rn_kernel(const att_bf16* __restrict__ q, const 
   extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1) verify_fused_rows_n##NW(                       \
       const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv, const int* __restrict__ prefix_lens,     \
       const long long* __restrict__ vis, att_bf16* __restrict__ out, float* __restrict__ lse,                   \
-      float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, \
+      att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, \
       int slot0, int mode, int tile_rows, float scale_log2) {                                                  \
     RN_BODY(NW);                                                                                               \
   }

@@ -114,7 +114,7 @@ template <bool EARLY>
 __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16* __restrict__ q,
                                          const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                          att_bf16* __restrict__ out, float* __restrict__ lse,
-                                         float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
+                                         att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
                                          int N, int H, int W, int splits, int slot0, int mode, float scale_log2) {
   static_assert(FUSED_BM == 64 && FUSED_BN == 64 && FUSED_THREADS == 256 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
                 "verify_fused_tma: 2 consumer warpgroups, 64 x 64 tiles, 256 value columns each, 9 column blocks");
@@ -224,7 +224,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
   extern "C" __global__ void __launch_bounds__(TMA_THREADS, 1)                                               \
       NAME(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv, const int* __restrict__ prefix_lens, \
            const long long* __restrict__ vis, att_bf16* __restrict__ out, float* __restrict__ lse,               \
-           float* __restrict__ o_part, float* __restrict__ lse_part, int B, int S, int N, int H, int W,          \
+           att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B, int S, int N, int H, int W,          \
            int splits, int slot0, int mode, float scale_log2, const __grid_constant__ AttTensorMap map) {       \
     TMA_BODY(EARLY)                                                                                            \
   }

@@ -17,7 +17,7 @@
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 1)
 verify_fused_wgmma(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                    const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
-                   att_bf16* __restrict__ out, float* __restrict__ lse, float* __restrict__ o_part,
+                   att_bf16* __restrict__ out, float* __restrict__ lse, att_bf16* __restrict__ o_part,
                    float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
                    int mode, float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -80,10 +80,15 @@ _TMA_THREADS = 384
 _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
-# on an H200 (docs/perf_log.md, session 16); choose_splits weighs the fp32 partials with it, past
+# on an H200 (docs/perf_log.md, session 16); choose_splits weighs the partials with it, past
 # the first _PARTIAL_L2_BYTES of them (which stay in the L2: 0.4 of an H200's 60 MB).
 _PARTIAL_BYTES_PER_TILE = 6.8e6
 _PARTIAL_L2_BYTES = 24e6
+# A split's partial output rows: O normalised by its own row sum, rounded to bf16 like the output
+# itself (the combine's weights sum to 1, so the merged row's error stays within about one bf16
+# rounding of each), and its lse in fp32 (log2).
+PARTIAL_DTYPE = torch.bfloat16
+_PARTIAL_ROW_BYTES = D_V * 2 + 4
 _LOG2E = 1.4426950408889634
 
 
@@ -223,8 +228,8 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
 
     ``blocks`` are the (row tile, sequence) blocks, one resident per SM (the kernel takes ~225 KB
     of shared memory). A split count s costs its waves x tiles per block, plus, when s > 1, two
-    tiles a block (prologue and partial write) and the HBM traffic of the fp32 partials of the
-    ``rows`` (batch x nodes x heads) query rows: each split writes 2 KB a row that the combine
+    tiles a block (prologue and partial write) and the HBM traffic of the partials of the
+    ``rows`` (batch x nodes x heads) query rows: each split writes 1 KB a row that the combine
     reads back; what does not stay in the L2 costs ``_PARTIAL_BYTES_PER_TILE`` bytes per tile
     period. Without that term, 64 sequences of 264 rows at P = 32768 took 7 splits where
     ``cascade`` with 2 ran 4% faster; with it, the counts it moves were timed against the old
@@ -235,7 +240,7 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
     for s in range(1, min(_MAX_SPLITS, tiles) + 1):
         cost = -(-blocks * s // num_sms) * (-(-tiles // s) + (2 if s > 1 else 0))
         if s > 1:  # the partials past what stays in the L2 go to HBM and back
-            cost += 2 * max(0.0, s * rows * (D_V * 4 + 4) - _PARTIAL_L2_BYTES) / _PARTIAL_BYTES_PER_TILE
+            cost += 2 * max(0.0, s * rows * _PARTIAL_ROW_BYTES - _PARTIAL_L2_BYTES) / _PARTIAL_BYTES_PER_TILE
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -358,9 +363,9 @@ class LaunchPlan:
         Rows computed per block (per tile), padding included; a sequence's ``nodes x heads`` rows
         take ``ceil(nodes x heads / tile_rows)`` blocks, each reading the KV once.
     splits : int
-        KV splits of the (prefix) pass; above 1 each split writes fp32 partials that a combine reads.
+        KV splits of the (prefix) pass; above 1 each split writes partials (``PARTIAL_DTYPE``) that a combine reads.
     partial_slots : int
-        fp32 partial sets written (``splits`` when split, plus one for cascade's tree pass; 0 if none).
+        Partial sets written (``splits`` when split, plus one for cascade's tree pass; 0 if none).
     launches : int
         Kernel launches per call.
     """
@@ -459,7 +464,7 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
     if plan.partial_slots == 0:
         _launch_fused(*kern, None, None, 1, 0, 0, scale_log2)
         return
-    o_part = torch.empty((plan.partial_slots, B, N * H, D_V), dtype=torch.float32, device=q.device)
+    o_part = torch.empty((plan.partial_slots, B, N * H, D_V), dtype=PARTIAL_DTYPE, device=q.device)
     lse_part = torch.empty((plan.partial_slots, B, N * H), dtype=torch.float32, device=q.device)
     if variant == "fused":
         _launch_fused(*kern, o_part, lse_part, s, 0, 0, scale_log2)

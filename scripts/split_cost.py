@@ -1,5 +1,5 @@
 """What a split launch's combine costs (GPU host): at each shape, the fused verify call as it runs
-(the split launch writing fp32 partials, then ``verify_combine`` under programmatic dependent
+(the split launch writing its partials, then ``verify_combine`` under programmatic dependent
 launch), the split launch alone, and the combine alone on partials already written; each checked
 first (the call against float64, and the two launches in turn bit for bit against the call), then
 timed by CUDA-graph replay with the L2 flushed before each replay (one call a replay). The call
@@ -38,7 +38,7 @@ def measure(B: int, N: int, H: int, P: int, gen: torch.Generator) -> dict | None
     rel, _ = check("fused", q, kv, pl, tree)
     out = (torch.empty(B, N, H, attention.D_V, dtype=torch.bfloat16, device=dev),
            torch.empty(B, N, H, dtype=torch.float32, device=dev))
-    o_part = torch.empty((plan.partial_slots, B, N * H, attention.D_V), dtype=torch.float32, device=dev)
+    o_part = torch.empty((plan.partial_slots, B, N * H, attention.D_V), dtype=attention.PARTIAL_DTYPE, device=dev)
     lse_part = torch.empty((plan.partial_slots, B, N * H), dtype=torch.float32, device=dev)
     scale_log2 = SCALE * attention._LOG2E
 

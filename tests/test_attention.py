@@ -178,7 +178,7 @@ def test_choose_splits():
 
 
 def test_choose_splits_weighs_the_partials():
-    """Each split's fp32 partials cost HBM traffic once they outgrow the L2: 64 sequences of 264 rows
+    """Each split's partials cost HBM traffic once they outgrow the L2: 64 sequences of 264 rows
     (N = 33, H = 8) at P = 32768 take 2 splits, not the 7 that count waves and tiles alone; a
     single sequence's partials stay in the L2 and do not move its choice."""
     kw = dict(blocks=320, kv_rows=32768 + 33, num_sms=132)

@@ -260,9 +260,9 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     Blocks are (row tile, split, sequence), row tile fastest, one resident per SM (the kernel's
     shared memory), so they run in waves of ``resident``. Each block loads its Q tile and every
     KV tile of its split with 16-byte ``cp.async`` (L2 -> SM: the Q tile once per split, the KV
-    range once per row tile), then writes its rows: fp32 partials (``partials``: whole 32-byte
-    sectors) or the bf16 output and lse (``out``: each thread stores 4 bytes, so a 32-byte
-    sector of the output arrives as two 16-byte halves, two sector writes at the L2).
+    range once per row tile), then writes its rows: bf16 partials and their fp32 lse
+    (``partials``) or the bf16 output and lse (``out``); either way each thread stores 4 bytes of
+    a row, so a 32-byte sector arrives as two 16-byte halves, two sector writes at the L2.
 
     HBM, each launch on a flushed L2: Q, the visibility rows and each sequence's (split's) KV
     range once, plus a KV range again in every later wave that holds blocks of its group when
@@ -304,7 +304,7 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     footprint = SHARED_COPY * kv_read + FAR_COPY * q + written
     last_wave = (blocks - (waves - 1) * resident) * per_block
     spill = float(min(written - last_wave, max(0.0, footprint - l2_bytes))) if l2_bytes else float(written)
-    l2_write = partials if partials else out + batch * seq_rows * V_DIM * BF16     # bf16 halves: 2 sector writes
+    l2_write = written + (splits if partials else 1) * batch * seq_rows * V_DIM * BF16   # bf16 halves: 2 sector writes
     tile_flops = tile_rows * KV_TILE * ATTN_FLOPS_PER_TOKEN
     flops_exec = batch * row_tiles * tiles * tile_flops
     return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
@@ -394,7 +394,7 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
                                                   "verify_fused" if plan.impl == "mma" else f"verify_fused_{plan.impl}")
     row_tiles = math.ceil(N * H / plan.tile_rows)       # per sequence; each reads its KV range once
     padded = B * row_tiles * plan.tile_rows
-    part_bytes = rows * (V_DIM * F32 + F32)             # one fp32 partial set (o and lse)
+    part_bytes = rows * (V_DIM * BF16 + F32)            # one partial set (bf16 o, fp32 lse)
 
     def pass_launch(kv_tokens: int, slots: int) -> Launch:
         return _tile_pass(kernel, batch=B, seq_rows=N * H, row_tiles=row_tiles, tile_rows=plan.tile_rows,
@@ -408,10 +408,10 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     if variant == "cascade":
         parts = (pass_launch(P, plan.splits), pass_launch(N, 1), combine(plan.partial_slots))
         note = (f"prefix pass ({plan.splits} split{'s' if plan.splits > 1 else ''}) + tree pass + lse merge: "
-                f"{plan.launches} launches, {plan.partial_slots} fp32 partial sets")
+                f"{plan.launches} launches, {plan.partial_slots} partial sets")
     elif plan.partial_slots:
         parts = (pass_launch(P + N, plan.splits), combine(plan.partial_slots))
-        note = (f"single pass on tensor cores in {plan.splits} KV splits: fp32 partials "
+        note = (f"single pass on tensor cores in {plan.splits} KV splits: partials "
                 f"({plan.partial_slots * part_bytes / 1e6:.1f} MB) written and merged by a second launch")
     else:
         parts = (pass_launch(P + N, 0),)
