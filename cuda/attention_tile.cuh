@@ -269,15 +269,16 @@ __device__ __forceinline__ void att_quad_transpose(att_u32 (&w)[4], int tig) {
 __device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf16* out, att_bf16* o_part,
                                                    const FusedBlock& k, int B, int slot0, int r_lo, int wg,
                                                    int tig, const float* sSum) {
+  // the sequence's rows of out, or of this split's partial slot
+  att_bf16* const seq = o_part == nullptr ? out + (size_t)k.b * k.NH * ATT_D_V
+                                          : o_part + ((size_t)(slot0 + k.split) * B + k.b) * k.NH * ATT_D_V;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r_lo + 8 * half;
     const bool valid = k.g0 + r < k.NH;
     const float l = sSum[r] + sSum[FUSED_BM + r];
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    att_bf16* row = (o_part == nullptr ? out + ((size_t)k.b * k.NH + k.g0 + r) * ATT_D_V
-                                       : o_part + (((size_t)(slot0 + k.split) * B + k.b) * k.NH + k.g0 + r) * ATT_D_V)
-                    + 256 * wg;
+    att_bf16* row = seq + (size_t)(k.g0 + r) * ATT_D_V + 256 * wg;
 #pragma unroll
     for (int m = 0; m < 8; ++m) {  // (the shuffles run on every lane; only the stores skip padding rows)
       att_u32 w[4];
