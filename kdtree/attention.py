@@ -88,7 +88,12 @@ _PARTIAL_L2_BYTES = 24e6
 # itself (the combine's weights sum to 1, so the merged row's error stays within about one bf16
 # rounding of each), and its lse in fp32 (log2).
 PARTIAL_DTYPE = torch.bfloat16
-_PARTIAL_ROW_BYTES = D_V * 2 + 4
+# choose_splits weighs each split's partial row at the 2 KB of the fp32 rows its constants above
+# were calibrated with, not at the 1 KB a bf16 row moves: weighed at 1 KB it picked more splits at
+# 25 shapes of the verify grid, and timed against the old counts the new ones were slower at most
+# of them (scripts/splits_ab.py; docs/perf_log.md, session 25). What a split costs beyond its
+# bytes (its blocks' prologue, Q reload and epilogue) is in this weight.
+_SPLIT_ROW_WEIGHT = D_V * 4 + 4
 _LOG2E = 1.4426950408889634
 
 
@@ -229,9 +234,9 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
     ``blocks`` are the (row tile, sequence) blocks, one resident per SM (the kernel takes ~225 KB
     of shared memory). A split count s costs its waves x tiles per block, plus, when s > 1, two
     tiles a block (prologue and partial write) and the HBM traffic of the partials of the
-    ``rows`` (batch x nodes x heads) query rows: each split writes 1 KB a row that the combine
-    reads back; what does not stay in the L2 costs ``_PARTIAL_BYTES_PER_TILE`` bytes per tile
-    period. Without that term, 64 sequences of 264 rows at P = 32768 took 7 splits where
+    ``rows`` (batch x nodes x heads) query rows: each split writes a row that the combine reads
+    back, weighed at ``_SPLIT_ROW_WEIGHT`` bytes; what does not stay in the L2 costs
+    ``_PARTIAL_BYTES_PER_TILE`` bytes per tile period. Without that term, 64 sequences of 264 rows at P = 32768 took 7 splits where
     ``cascade`` with 2 ran 4% faster; with it, the counts it moves were timed against the old
     ones (``scripts/splits_ab.py``; docs/perf_log.md, session 18).
     """
@@ -240,7 +245,7 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
     for s in range(1, min(_MAX_SPLITS, tiles) + 1):
         cost = -(-blocks * s // num_sms) * (-(-tiles // s) + (2 if s > 1 else 0))
         if s > 1:  # the partials past what stays in the L2 go to HBM and back
-            cost += 2 * max(0.0, s * rows * _PARTIAL_ROW_BYTES - _PARTIAL_L2_BYTES) / _PARTIAL_BYTES_PER_TILE
+            cost += 2 * max(0.0, s * rows * _SPLIT_ROW_WEIGHT - _PARTIAL_L2_BYTES) / _PARTIAL_BYTES_PER_TILE
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return best

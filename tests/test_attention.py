@@ -187,6 +187,22 @@ def test_choose_splits_weighs_the_partials():
         blocks=9, kv_rows=1024 + 9, num_sms=132)
 
 
+def test_choose_splits_keeps_the_counts_timed_faster():
+    """With bf16 partials, weighing a partial row at its 1 KB picked more splits at 25 shapes of the
+    verify grid; timed side by side (scripts/splits_ab.py on an H200) the grid's counts were faster
+    at most of them. The split weight keeps the counts that grid ran at every one of its shapes."""
+    pd = pytest.importorskip("pandas")
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    ab = pd.read_csv(os.path.join(root, "splits_ab_h200", "d16c7a4", "splits_ab.csv"))
+    assert len(ab) == 25 and (ab.new_over_old > 1.01).sum() > len(ab) / 2
+    d = pd.read_parquet(os.path.join(root, "verify_table_h200", "a2e2347", "verify_table_h200.parquet"))
+    fused = d[d.config == "fused"]
+    assert len(fused) == 192
+    for r in fused.itertuples():
+        plan = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=132)
+        assert plan.splits == r.splits, (r.B, r.N, r.H, r.P)
+
+
 def test_tensor_map_arguments_and_by_value_buffer():
     """The kv map the tma kernels take: a [B S, 576] bf16 matrix, 64 x 64 boxes, 128-byte swizzle,
     zero fill, encoded into a 64-byte aligned one-element 128-byte array (CuPy's by-value path)."""
