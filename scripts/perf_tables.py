@@ -316,12 +316,14 @@ def merge_trace(npz: str) -> str:
 
 
 def counters(run: str) -> str:
-    """``kdtree profile``'s ``counters.parquet`` (Nsight Compute, one row per launch): time under
+    """``kdtree profile``'s ``counters.parquet`` (or its ``counters.csv`` where a device call brought
+    only that back; Nsight Compute, one row per launch): time under
     ncu, DRAM bytes read against the cost model, the bytes the SMs received from the L2, the
     tensor pipe's active share, achieved occupancy, and the tensor FLOPs counted against the
     model's."""
     folder = Path(run)
-    d = pd.read_parquet(folder / "counters.parquet")
+    table = folder / "counters.parquet"
+    d = pd.read_parquet(table) if table.exists() else pd.read_csv(folder / "counters.csv")
     meta = json.loads((folder / "counters.meta.json").read_text())
     out = [f"From `{run}` ({meta.get('device', '?')}, commit {meta.get('git_sha', '?')}; Nsight Compute, one "
            "launch per row).", "",
