@@ -212,3 +212,15 @@ def test_verify_grid_counts_each_bar_at_the_points_own_clock_too():
     listed = re.findall(r"B=(\d+) N=(\d+) P=(\d+) at (\d+) MHz", table)
     assert len(listed) == at_clock - plain == len(gained)
     assert {(int(b), int(n), int(p)) for b, n, p, _ in listed} == set(zip(gained.B, gained.N, gained.P))
+
+
+def test_counters_table_reads_the_csv_where_the_parquet_did_not_come_back(tmp_path):
+    """A device call may bring back only ``counters.csv``: the table from it is the one the parquet
+    gives (a committed run that has both), apart from the folder it names."""
+    run = ROOT / "results" / "counters_h200" / "d22219d"
+    for name in ("counters.csv", "counters.meta.json"):
+        (tmp_path / name).write_bytes((run / name).read_bytes())
+    from_csv = PERF_TABLES["counters"](str(tmp_path))
+    assert from_csv.replace(str(tmp_path), "RUN") == PERF_TABLES["counters"](str(run)).replace(str(run), "RUN")
+    rows = [line for line in from_csv.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len((run / "counters.csv").read_text().splitlines()) - 1
