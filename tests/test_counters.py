@@ -226,3 +226,23 @@ def test_profile_cli_reads_points_from_a_file(tmp_path, capsys, monkeypatch):
                               "prefix": 64}]))
     assert main(["profile", "--out", str(tmp_path / "out"), "--points", str(f)]) == 1
     assert "no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_the_partials_dtype_a_call_records_picks_its_model():
+    """Calls recorded before the partials went bf16 name no dtype and get the fp32 model (the
+    committed exports above); the bf16 kernels' own export (an H200 at d16c7a4, `fused` at four
+    points) meets the bf16 model's DRAM reads launch by launch, where the fp32 one would double
+    the combine's."""
+    run = Path(__file__).parent.parent / "results" / "counters_h200" / "d16c7a4" / "counters.csv"
+    d = pd.read_csv(run)
+    assert set(d["kernel_name"]) == {"verify_fused_pair", "verify_combine"}
+    cols = ["kernel", "variant", "batch", "q_len", "heads", "prefix", "tree_visible", "splits", "layout", "impl"]
+    for call_id, launches in d.groupby("call"):
+        call = launches.iloc[0][cols].to_dict()
+        bf16 = counters.model_launches(call | {"partials": "bfloat16"}, H200_L2)
+        fp32 = counters.model_launches(call, H200_L2)                     # no dtype recorded: fp32
+        assert [m["model_kernel"] for m in bf16] == list(launches["kernel_name"])
+        for m, m32, (_, measured) in zip(bf16, fp32, launches.iterrows()):
+            assert m["model_dram_read"] == pytest.approx(measured["dram_read"], rel=0.05)
+            if m["model_kernel"] == "verify_combine":
+                assert m32["model_dram_read"] > 1.9 * measured["dram_read"]

@@ -99,7 +99,7 @@ def test_recorded_splits_and_impl_fix_the_plan():
     assert pp.flops_exec == free.flops_exec and pp.launches == free.launches
     cols = models.launch_plan_columns("fused", batch=1, nodes=33, heads=64, kv_rows=4129)
     assert cols == {"splits": _plan("fused", 1, 33, 64, 4096).splits, "layout": _plan("fused", 1, 33, 64, 4096).layout,
-                    "impl": SM90_IMPL}
+                    "impl": SM90_IMPL, "partials": "bfloat16"}
 
 
 def test_naive_rereads_the_latent_per_head_and_query_but_dram_sees_it_once():
@@ -451,3 +451,16 @@ def test_a_sweep_over_several_points_times_each_on_its_own_inputs():
     assert len(df) == 8 and df["median_us"].gt(0).all()
     assert set(map(tuple, df[["q_len", "prefix", "batch"]].to_numpy())) == {
         (n, p, b) for n in (5, 9) for p in (16, 40) for b in (1, 2)}
+
+
+def test_verify_model_takes_the_partials_dtype():
+    """bf16 partials (the kernels' own) halve each split's O bytes against fp32's; the lse stays
+    fp32; an unknown dtype is refused by name."""
+    kw = dict(batch=1, nodes=33, heads=64, prefix=4096)
+    bf16 = models.verify_attention_cost("fused", **kw)
+    fp32 = models.verify_attention_cost("fused", partials="float32", **kw)
+    rows, slots = 33 * 64, bf16.parts[1].dram_read / (33 * 64 * (512 * 2 + 4))
+    assert slots == _plan("fused", 1, 33, 64, 4096).splits
+    assert fp32.parts[1].dram_read == slots * rows * (512 * 4 + 4)
+    with pytest.raises(ValueError, match="partials"):
+        models.verify_attention_cost("fused", partials="int8", **kw)

@@ -254,15 +254,18 @@ def _spill(read: float, written: float, l2: float) -> float:
 
 
 def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_rows: int, kv_tokens: int,
-               splits: int, partials: float, out: float, vis: float, resident: int, l2_bytes: float) -> Launch:
+               splits: int, partials: float, out: float, vis: float, resident: int, l2_bytes: float,
+               halves: bool = True) -> Launch:
     """One launch of a fused tile kernel (``cuda/attention_tile.cuh``) over ``kv_tokens`` KV rows.
 
     Blocks are (row tile, split, sequence), row tile fastest, one resident per SM (the kernel's
     shared memory), so they run in waves of ``resident``. Each block loads its Q tile and every
     KV tile of its split with 16-byte ``cp.async`` (L2 -> SM: the Q tile once per split, the KV
-    range once per row tile), then writes its rows: bf16 partials and their fp32 lse
-    (``partials``) or the bf16 output and lse (``out``); either way each thread stores 4 bytes of
-    a row, so a 32-byte sector arrives as two 16-byte halves, two sector writes at the L2.
+    range once per row tile), then writes its rows: partials and their fp32 lse (``partials``) or
+    the bf16 output and lse (``out``). Where the rows are bf16 (the output always; the partials
+    unless ``halves`` is False, as for the fp32 partials of kernels before them) each thread
+    stores 4 bytes of a row, so a 32-byte sector arrives as two 16-byte halves, two sector writes
+    at the L2; fp32 partial rows fill whole sectors.
 
     HBM, each launch on a flushed L2: Q, the visibility rows and each sequence's (split's) KV
     range once, plus a KV range again in every later wave that holds blocks of its group when
@@ -304,12 +307,24 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     footprint = SHARED_COPY * kv_read + FAR_COPY * q + written
     last_wave = (blocks - (waves - 1) * resident) * per_block
     spill = float(min(written - last_wave, max(0.0, footprint - l2_bytes))) if l2_bytes else float(written)
-    l2_write = written + (splits if partials else 1) * batch * seq_rows * V_DIM * BF16   # bf16 halves: 2 sector writes
+    halved = (splits if halves else 0) if partials else 1
+    l2_write = written + halved * batch * seq_rows * V_DIM * BF16   # bf16 halves: 2 sector writes
     tile_flops = tile_rows * KV_TILE * ATTN_FLOPS_PER_TOKEN
     flops_exec = batch * row_tiles * tiles * tile_flops
     return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
                   l2_shared=l2_read - merged, blocks=blocks, slots=resident, waves=waves, block_tiles=per_split,
                   flops_waves=float(waves * resident * per_split * tile_flops))
+
+
+# Bytes per value of the split partials' O, by dtype name (the lse is fp32 either way).
+PARTIAL_DTYPES = {"bfloat16": BF16, "float32": F32}
+
+
+def _current_partials() -> str:
+    """The dtype name of the partials the kernels write now (``attention.PARTIAL_DTYPE``)."""
+    from kdtree.attention import PARTIAL_DTYPE
+
+    return str(PARTIAL_DTYPE).removeprefix("torch.")
 
 
 def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int, impl: str | None,
@@ -327,7 +342,8 @@ def _plan(variant: str, batch: int, nodes: int, heads: int, kv_rows: int, num_sm
 def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, prefix: int,
                           tree_visible: float | None = None, kv_rows: int | None = None,
                           num_sms: int = H200_SMS, impl: str | None = None, splits: int | None = None,
-                          layout: str | None = None, l2_bytes: float = H200_L2_BYTES) -> Cost:
+                          layout: str | None = None, l2_bytes: float = H200_L2_BYTES,
+                          partials: str | None = None) -> Cost:
     """FLOPs and bytes of one tree-verify MLA attention call, launch by launch.
 
     Parameters
@@ -347,12 +363,19 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         for ``fused_mma``; ``splits`` and ``layout`` force the recorded plan).
     l2_bytes : float
         L2 capacity: written bytes beyond what fits beside the inputs reach HBM.
+    partials : str, optional
+        The split partials' dtype, ``bfloat16`` or ``float32``: default the kernels' own
+        (``attention.PARTIAL_DTYPE``); ``float32`` models calls profiled before the partials went
+        bf16 (their records name no dtype).
 
     Returns
     -------
     Cost
     """
     _positive(batch=batch, nodes=nodes, heads=heads, prefix=prefix, num_sms=num_sms, l2_bytes=l2_bytes)
+    partials = partials or _current_partials()
+    if partials not in PARTIAL_DTYPES:
+        raise ValueError(f"partials: expected one of {tuple(PARTIAL_DTYPES)}, got {partials!r}")
     if nodes < 1 or heads < 1 or batch < 1:
         raise ValueError(f"batch, nodes and heads must be >= 1, got batch={batch}, nodes={nodes}, heads={heads}")
     tv = (nodes + 1) / 2 if tree_visible is None else float(tree_visible)
@@ -394,12 +417,12 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
                                                   "verify_fused" if plan.impl == "mma" else f"verify_fused_{plan.impl}")
     row_tiles = math.ceil(N * H / plan.tile_rows)       # per sequence; each reads its KV range once
     padded = B * row_tiles * plan.tile_rows
-    part_bytes = rows * (V_DIM * BF16 + F32)            # one partial set (bf16 o, fp32 lse)
+    part_bytes = rows * (V_DIM * PARTIAL_DTYPES[partials] + F32)     # one partial set (o, fp32 lse)
 
     def pass_launch(kv_tokens: int, slots: int) -> Launch:
         return _tile_pass(kernel, batch=B, seq_rows=N * H, row_tiles=row_tiles, tile_rows=plan.tile_rows,
                           kv_tokens=kv_tokens, splits=max(slots, 1), partials=slots * part_bytes, out=out,
-                          vis=vis, resident=num_sms, l2_bytes=l2_bytes)
+                          vis=vis, resident=num_sms, l2_bytes=l2_bytes, halves=partials == "bfloat16")
 
     def combine(slots: int) -> Launch:
         read = slots * part_bytes
@@ -424,12 +447,14 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
 
 def launch_plan_columns(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int,
                         num_sms: int = H200_SMS, impl: str | None = None) -> dict:
-    """``splits``, ``layout`` and ``impl`` of a verify-attention call, for its results row
-    (empty strings and 1 split for variants without a launch plan)."""
+    """``splits``, ``layout``, ``impl`` and ``partials`` (the split partials' dtype) of a
+    verify-attention call, for its results row (empty strings and 1 split for variants without
+    a launch plan)."""
     if not (variant.startswith("fused") or variant in ("cascade", "naive")):
-        return {"splits": 1, "layout": "", "impl": variant}
+        return {"splits": 1, "layout": "", "impl": variant, "partials": ""}
     p = _plan(variant, batch, nodes, heads, kv_rows, num_sms, impl, None)
-    return {"splits": p.splits, "layout": p.layout, "impl": p.impl}
+    return {"splits": p.splits, "layout": p.layout, "impl": p.impl,
+            "partials": _current_partials() if variant != "naive" else ""}
 
 
 def build_tree_cost(variant: str, *, batch: int, budget: int, depth: int, topk: int | None = None,
@@ -508,7 +533,7 @@ MODELS = {
 _ARGS = {
     "verify_attention": {"batch": "batch", "nodes": "q_len", "heads": "heads", "prefix": "prefix",
                          "tree_visible": "tree_visible?", "kv_rows": "kv_rows?", "impl": "impl?",
-                         "splits": "splits?", "layout": "layout?"},
+                         "splits": "splits?", "layout": "layout?", "partials": "partials?"},
     "build_tree": {"batch": "batch", "budget": "budget", "depth": "depth", "topk": "topk?"},
     "accept_tree": {"batch": "batch", "budget": "budget", "depth": "depth"},
     "compact_kv": {"batch": "batch", "depth": "depth", "accepted": "accepted?", "moved": "moved?"},
@@ -530,8 +555,8 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
     """The cost of one result row (a mapping with ``kernel``, ``variant`` and shape columns).
 
     ``q_len`` may be given as ``budget`` (q_len = budget + 1) and ``depth`` defaults to 15.
-    ``impl``, ``splits`` and ``layout`` columns, where a row records them, fix the verify launch plan
-    (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the device's L2 (default
+    ``impl``, ``splits``, ``layout`` and ``partials`` columns, where a row records them, fix the
+    verify launch plan (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the device's L2 (default
     the H200's). Returns None for kernels without a model.
     """
     kernel = kernel_name(str(row.get("kernel")))
@@ -545,14 +570,14 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
         values["depth"] = 15
     from kdtree.attention import FUSED_IMPLS, LAYOUTS
 
-    str_args = {"impl": FUSED_IMPLS, "layout": LAYOUTS}
+    str_args = {"impl": FUSED_IMPLS, "layout": LAYOUTS, "partials": tuple(PARTIAL_DTYPES)}
     planned = kernel == "verify_attention" and (variant.startswith("fused") or variant == "cascade")
     kwargs = {} if l2_bytes is None else {"l2_bytes": float(l2_bytes)}
     for arg, col in _ARGS[kernel].items():
         optional = col.endswith("?")
         col = col.rstrip("?")
         v = values.get(col)
-        if arg in ("impl", "splits", "layout") and not planned:
+        if arg in ("impl", "splits", "layout", "partials") and not planned:
             continue
         if _present(v) and not (arg in str_args and v not in str_args[arg]):
             kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in str_args else int(v)
