@@ -236,9 +236,10 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
     tiles a block (prologue and partial write) and the HBM traffic of the partials of the
     ``rows`` (batch x nodes x heads) query rows: each split writes a row that the combine reads
     back, weighed at ``_SPLIT_ROW_WEIGHT`` bytes; what does not stay in the L2 costs
-    ``_PARTIAL_BYTES_PER_TILE`` bytes per tile period. Without that term, 64 sequences of 264 rows at P = 32768 took 7 splits where
-    ``cascade`` with 2 ran 4% faster; with it, the counts it moves were timed against the old
-    ones (``scripts/splits_ab.py``; docs/perf_log.md, session 18).
+    ``_PARTIAL_BYTES_PER_TILE`` bytes per tile period. Without that term, 64 sequences of 264
+    rows at P = 32768 took 7 splits where ``cascade`` with 2 ran 4% faster; with it, the counts
+    it moves were timed against the old ones (``scripts/splits_ab.py``; docs/perf_log.md,
+    session 18).
     """
     tiles = max(1, -(-kv_rows // _FUSED_BN))
     best, best_cost = 1, None
@@ -368,7 +369,8 @@ class LaunchPlan:
         Rows computed per block (per tile), padding included; a sequence's ``nodes x heads`` rows
         take ``ceil(nodes x heads / tile_rows)`` blocks, each reading the KV once.
     splits : int
-        KV splits of the (prefix) pass; above 1 each split writes partials (``PARTIAL_DTYPE``) that a combine reads.
+        KV splits of the (prefix) pass; above 1 each split writes partials (``PARTIAL_DTYPE``)
+        that a combine reads.
     partial_slots : int
         Partial sets written (``splits`` when split, plus one for cascade's tree pass; 0 if none).
     launches : int

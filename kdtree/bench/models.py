@@ -307,8 +307,8 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     footprint = SHARED_COPY * kv_read + FAR_COPY * q + written
     last_wave = (blocks - (waves - 1) * resident) * per_block
     spill = float(min(written - last_wave, max(0.0, footprint - l2_bytes))) if l2_bytes else float(written)
-    halved = (splits if halves else 0) if partials else 1
-    l2_write = written + halved * batch * seq_rows * V_DIM * BF16   # bf16 halves: 2 sector writes
+    bf16_sets = 1 if not partials else splits if halves else 0     # row sets written as bf16 halves
+    l2_write = written + bf16_sets * batch * seq_rows * V_DIM * BF16   # a half: a second sector write
     tile_flops = tile_rows * KV_TILE * ATTN_FLOPS_PER_TOKEN
     flops_exec = batch * row_tiles * tiles * tile_flops
     return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
@@ -556,8 +556,8 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
 
     ``q_len`` may be given as ``budget`` (q_len = budget + 1) and ``depth`` defaults to 15.
     ``impl``, ``splits``, ``layout`` and ``partials`` columns, where a row records them, fix the
-    verify launch plan (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the device's L2 (default
-    the H200's). Returns None for kernels without a model.
+    verify launch plan (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the
+    device's L2 (default the H200's). Returns None for kernels without a model.
     """
     kernel = kernel_name(str(row.get("kernel")))
     if kernel not in MODELS:
