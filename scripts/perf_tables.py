@@ -61,6 +61,9 @@ grid-diff: two verify grids, configuration by configuration: new over old time a
 timed, and where new is slower by more than 2%; the kernels neither commit changed show how far
 two runs drift apart.
 
+pair-steady: a pair-kernel trace's steady-state intervals (``trace_attention.py``'s summary, which
+its run printed too): per interval the median and p10-p90 over the traced blocks' pairs.
+
 first-pairs: warpgroup 0 of a pair-kernel trace, its first pairs of tiles: the O rescale before
 P_B V (no memory access, slow only while the code is fetched), P_B seen to P_B V issued, and P_A V
 done to P_B V done.
@@ -240,6 +243,18 @@ def trace_ends(npz: str) -> str:
     out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
            "|---|---|---|---|"]
     out += [f"| {k} | {v.median():.2f} | {v.min():.2f} | {v.max():.2f} |" for k, v in e.items()]
+    return "\n".join(out)
+
+
+def pair_steady(npz: str) -> str:
+    """A pair-kernel trace's steady-state intervals (``summary`` of ``scripts/trace_attention.py``
+    with impl ``pair``): median and p10-p90 (us) of each over the traced blocks' pairs."""
+    blocks, mhz = _trace(npz)
+    summary = _trace_module()["summary"](blocks, mhz, "pair")
+    out = [f"From `{npz}` ({len(blocks)} traced blocks, {mhz:.0f} MHz; steady-state pairs):", "",
+           "| interval | median us | p10 | p90 | pairs |", "|---|---|---|---|---|"]
+    out += [f"| {k} | {np.median(v):.2f} | {np.percentile(v, 10):.2f} | {np.percentile(v, 90):.2f} | {v.size} |"
+            for k, v in summary.items()]
     return "\n".join(out)
 
 
@@ -547,6 +562,7 @@ if __name__ == "__main__":
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
+             "pair-steady": pair_steady,
              "grid-diff": grid_diff}
     two = {"grid-diff"}   # kinds that read two runs
     if len(sys.argv) < 3 or sys.argv[1] not in kinds or len(sys.argv) != 3 + (sys.argv[1] in two):

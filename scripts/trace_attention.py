@@ -153,6 +153,7 @@ def pair_intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
         def g(role, ev, t):
             return at.get((role, ev, t))
         for name, x, y in [
+            ("wg0: S_A first box seen -> last box seen", ("wg0", "full_wait", a), ("wg0", "landed", a)),
             ("wg0: S_A issued (boxes waited) -> done", ("wg0", "s_issued", a), ("wg0", "s_done", a)),
             ("wg0: S_A done -> masked", ("wg0", "s_done", a), ("wg0", "masked", a)),
             ("wg0: masked -> SCALE0 (softmax)", ("wg0", "masked", a), ("wg0", "pub", a)),
@@ -175,6 +176,7 @@ def pair_intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
             ("wg1: P_A V issued -> done", ("wg1", "pv_issued", a), ("wg1", "pv_done", a)),
             ("wg1: next B boxes 4-8 loaded -> first seen", ("wg1", "tma_issued", a + 3), ("wg1", "full_wait", a + 3)),
             ("wg0: next B boxes 0-3 loaded -> last seen (wg1)", ("wg0", "tma_issued", a + 3), ("wg1", "landed", a + 3)),
+            ("wg1: next S_B first box seen -> last box seen", ("wg1", "full_wait", a + 3), ("wg1", "landed", a + 3)),
             ("wg1: next S_B issued -> done", ("wg1", "s_issued", a + 3), ("wg1", "s_done", a + 3)),
             ("pair period (S_A done -> next S_A done)", ("wg0", "s_done", a), ("wg0", "s_done", a + 2)),
         ]:

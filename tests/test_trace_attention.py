@@ -224,3 +224,22 @@ def test_counters_table_reads_the_csv_where_the_parquet_did_not_come_back(tmp_pa
     assert from_csv.replace(str(tmp_path), "RUN") == PERF_TABLES["counters"](str(run)).replace(str(run), "RUN")
     rows = [line for line in from_csv.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == len((run / "counters.csv").read_text().splitlines()) - 1
+
+
+def test_the_pair_kernel_waits_on_its_next_tiles_second_half():
+    """The v8 pair kernel at B = 1, N = 33, H = 64, P = 4096 (H100 trace at 47246ac): each pair's
+    tiles are loaded again only after the pair before has read them, so the warpgroup computing
+    the next S waits for the last boxes of its tile (its first box already seen) several times as
+    long as that S then takes, wg1 for a quarter of the pair period (docs/perf_log.md, session 26:
+    what v9's read-out order is meant to hide)."""
+    npz = ROOT / "results" / "verify_attention_trace_h100" / "pair_47246ac" / "trace_pair_1_33_64_4096.npz"
+    data = np.load(npz)
+    s = TRACE["summary"](TRACE["parse_records"](data["raw"]), float(data["mhz"]), "pair")
+    period = np.median(s["pair period (S_A done -> next S_A done)"])
+    for wait, compute in (("wg0: S_A first box seen -> last box seen", "wg0: S_A issued (boxes waited) -> done"),
+                          ("wg1: next S_B first box seen -> last box seen", "wg1: next S_B issued -> done")):
+        assert np.median(s[wait]) > 4 * np.median(s[compute])
+    assert np.median(s["wg1: next S_B first box seen -> last box seen"]) > 0.2 * period
+    table = PERF_TABLES["pair_steady"](str(npz))   # the perf log's table: the same medians
+    row = next(line for line in table.splitlines() if line.startswith("| pair period"))
+    assert float(row.split(" | ")[1]) == round(period, 2)
