@@ -162,16 +162,22 @@ __device__ __forceinline__ void fused_scale_mask_max(float (&s)[NT][4], const Fu
   }
 }
 
-// One online-softmax step for one row (elements E, E + 1 of each of the NT n8 tiles): tile max
-// `tmx` (over every column group) -> new running max m, the rescale factor of the old state
-// (returned), p = 2^(s - m) in place, and this thread's partial row sum l (reduced over the row
-// once, at the end).
-template <int E, int NT>
-__device__ __forceinline__ float fused_softmax_row(float (&s)[NT][4], float tmx, float& m, float& l) {
+// The max half of an online-softmax step for one row: tile max `tmx` (over every column group)
+// -> new running max m, the exponent offset mu of the row's p (m, or 0 for a row that has seen no
+// key yet), and the rescale factor of the old state (returned). It needs no exponential of the
+// tile, so a kernel can publish m and the factor before fused_exp_row runs.
+__device__ __forceinline__ float fused_max_step(float tmx, float& m, float& mu) {
   const float mn = fmaxf(m, tmx);
-  const float mu = mn == ATT_NEG_INF ? 0.f : mn;  // a row that has seen no key yet
+  mu = mn == ATT_NEG_INF ? 0.f : mn;  // a row that has seen no key yet
   const float alpha = att_exp2(m - mu);
   m = mn;
+  return alpha;
+}
+
+// The exponential half (elements E, E + 1 of each of the NT n8 tiles): p = 2^(s - mu) in place
+// and this thread's partial row sum l, rescaled by alpha (reduced over the row once, at the end).
+template <int E, int NT>
+__device__ __forceinline__ void fused_exp_row(float (&s)[NT][4], float mu, float alpha, float& l) {
   float sum = 0.f;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -180,6 +186,15 @@ __device__ __forceinline__ float fused_softmax_row(float (&s)[NT][4], float tmx,
     sum += s[nt][E] + s[nt][E + 1];
   }
   l = l * alpha + sum;
+}
+
+// One online-softmax step for one row (elements E, E + 1 of each of the NT n8 tiles): both halves
+// above, in order; returns the rescale factor of the old state.
+template <int E, int NT>
+__device__ __forceinline__ float fused_softmax_row(float (&s)[NT][4], float tmx, float& m, float& l) {
+  float mu;
+  const float alpha = fused_max_step(tmx, m, mu);
+  fused_exp_row<E>(s, mu, alpha, l);
   return alpha;
 }
 

@@ -1,4 +1,4 @@
-// verify_fused_pair on wgmma (sm_90a), v8: KV tiles taken in pairs by two warpgroups that trade
+// verify_fused_pair on wgmma (sm_90a), v10: KV tiles taken in pairs by two warpgroups that trade
 // halves of the work, so that each warpgroup's softmax runs while the tensor cores do the other's
 // matrix products. Same function, block tile (64 rows x 64 KV rows), Q / KV shared-memory layout,
 // split/partial protocol, combine and tensor-map argument as verify_fused_tma
@@ -7,12 +7,13 @@
 // Tiles 2 j (A, KV stage 0) and 2 j + 1 (B, stage 1) form pair j. Warpgroup 0 computes S of A,
 // warpgroup 1 S of B; warpgroup g accumulates O over value columns 256 g .. +255 for both tiles.
 // Per pair:
-//   wg0: softmax of S_A against the running max m -> m_A, alpha_A (sM, sScale0; SCALE0);
+//   wg0: the max of S_A against the running max m -> m_A, alpha_A (sM, sScale0; SCALE0), then
+//        the exponentials of P_A (wg1's softmax of B needs m_A only, not P_A);
 //        O0 = O0 alpha_A + P_A V_A[:, 0:256] with P_A from registers (RS wgmma);
 //        waits SCALE1 for alpha_B, stores P_A alpha_B (P_A against m_B) into sP0 (P0);
 //        waits P1; O0 = O0 alpha_B + P_B V_B[:, 0:256] with P_B from sP1; issues S of the next A.
-//   wg1: waits SCALE0; softmax of S_B against m_A -> m_B, alpha_B (sM, sScale1; SCALE1); stores
-//        P_B into sP1 (P1); O1 = O1 alpha_A alpha_B + P_B V_B[:, 256:512] from registers; waits
+//   wg1: waits SCALE0; the max of S_B against m_A -> m_B, alpha_B (sM, sScale1; SCALE1), then
+//        the exponentials of P_B (wg0 scales P_A on alpha_B meanwhile); stores P_B into sP1 (P1); O1 = O1 alpha_A alpha_B + P_B V_B[:, 256:512] from registers; waits
 //        P0; O1 += P_A alpha_B V_A[:, 256:512] from sP0; issues S of the next B.
 // Both halves of O and both row sums (wg0 sums P_A, wg1 P_B, each rescaled like its O) end on the
 // same final max. A pair without B (odd tile count) ends after P_A (unscaled) and alpha_A.
@@ -235,12 +236,13 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       float mx_lo, mx_hi;
       fused_scale_mask_max(s, k, k.lo + (k.kt0 + a) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
       att_trace_rec(tr, ATT_EV_MASKED, a);
-      float m_lo = sM[r_lo], m_hi = sM[r_hi];
-      const float aa_lo = fused_softmax_row<0>(s, mx_lo, m_lo, l_lo);
-      const float aa_hi = fused_softmax_row<2>(s, mx_hi, m_hi, l_hi);
+      float m_lo = sM[r_lo], m_hi = sM[r_hi], mu_lo, mu_hi;
+      const float aa_lo = fused_max_step(mx_lo, m_lo, mu_lo), aa_hi = fused_max_step(mx_hi, m_hi, mu_hi);
       pp_publish_stats(sM, sScale0, m_lo, m_hi, aa_lo, aa_hi, r_lo, r_hi, tig);
-      mb_arrive(sBar + 8 * PAIR_SCALE0);
+      mb_arrive(sBar + 8 * PAIR_SCALE0);  // m_A before the exponentials: wg1's softmax of B starts on it
       att_trace_rec(tr, ATT_EV_PUB, a);
+      fused_exp_row<0>(s, mu_lo, aa_lo, l_lo);
+      fused_exp_row<2>(s, mu_hi, aa_hi, l_hi);
       pair_pack_p(pa, s, 1.f, 1.f);
       pair_issue_pv_rs(o, aa_lo, aa_hi, pa, sK0, 0);
       att_trace_rec(tr, ATT_EV_PV_ISSUED, a);
@@ -311,22 +313,26 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       mb_wait(sBar + 8 * PAIR_SCALE0, par);
       att_trace_rec(tr, ATT_EV_PUB_WAIT, a);
       const float aa_lo = sScale0[r_lo], aa_hi = sScale0[r_hi];
-      float ab_lo = 1.f, ab_hi = 1.f;
+      float ab_lo = 1.f, ab_hi = 1.f, mu_lo, mu_hi;
       l_lo *= aa_lo;
       l_hi *= aa_hi;
-      fused_rescale_o(o, aa_lo, aa_hi);
-      wg_pin<128>(o);
       if (has_b) {
         float mx_lo, mx_hi;
         fused_scale_mask_max(s, k, k.lo + (k.kt0 + a + 1) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo,
                              mx_hi);
         att_trace_rec(tr, ATT_EV_MASKED, a + 1);
         float m_lo = sM[r_lo], m_hi = sM[r_hi];
-        ab_lo = fused_softmax_row<0>(s, mx_lo, m_lo, l_lo);
-        ab_hi = fused_softmax_row<2>(s, mx_hi, m_hi, l_hi);
+        ab_lo = fused_max_step(mx_lo, m_lo, mu_lo);
+        ab_hi = fused_max_step(mx_hi, m_hi, mu_hi);
         pp_publish_stats(sM, sScale1, m_lo, m_hi, ab_lo, ab_hi, r_lo, r_hi, tig);
-        mb_arrive(sBar + 8 * PAIR_SCALE1);
+        mb_arrive(sBar + 8 * PAIR_SCALE1);  // alpha_B before the exponentials: wg0 scales and stores P_A on it
         att_trace_rec(tr, ATT_EV_PUB, a + 1);
+      }
+      fused_rescale_o(o, aa_lo, aa_hi);
+      wg_pin<128>(o);
+      if (has_b) {
+        fused_exp_row<0>(s, mu_lo, ab_lo, l_lo);
+        fused_exp_row<2>(s, mu_hi, ab_hi, l_hi);
         fused_store_p(s, sP1, r_lo, r_hi, 0, tig);  // P_B, for wg0
         att_fence_proxy_async();
         mb_arrive(sBar + 8 * PAIR_P1);
