@@ -61,6 +61,11 @@ grid-diff: two verify grids, configuration by configuration: new over old time a
 timed, and where new is slower by more than 2%; the kernels neither commit changed show how far
 two runs drift apart.
 
+ncu-details: the ``ncu_*.txt`` files of a folder, each Nsight Compute's details page of one
+launch (sections and ``--metrics`` printed, not exported): the launch's time and clock, the L2 and
+crossbar (L2 -> SM) throughput against their peaks, and the tensor pipe's activity, one column a
+file.
+
 pair-steady: a pair-kernel trace's steady-state intervals (``trace_attention.py``'s summary, which
 its run printed too): per interval the median and p10-p90 over the traced blocks' pairs.
 
@@ -79,6 +84,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -414,6 +420,38 @@ def ncu_kernels(csv: str) -> str:
     return f"From `{csv}`:\n\n" + "\n".join(rows)
 
 
+# ncu details-page metric -> row label (the figures a launch's limiter is read from)
+NCU_DETAILS = {
+    "Duration": "duration",
+    "SM Frequency": "SM clock",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipe active (% of active cycles)",
+    "Compute (SM) Throughput": "compute (SM) throughput (% of peak)",
+    "L2 Cache Throughput": "L2 throughput (% of peak)",
+    "lts__t_sectors.avg.pct_of_peak_sustained_elapsed": "L2 sectors (% of peak)",
+    "l1tex__m_xbar2l1tex_read_bytes.sum": "L2 -> SM bytes (crossbar)",
+    "l1tex__m_xbar2l1tex_read_bytes.sum.per_second": "L2 -> SM rate (crossbar)",
+    "l1tex__m_xbar2l1tex_read_bytes.sum.pct_of_peak_sustained_elapsed": "L2 -> SM (% of the crossbar's peak)",
+}
+
+
+def ncu_details(folder: str) -> str:
+    """The ``ncu_*.txt`` details pages of ``folder`` (one launch each): the NCU_DETAILS rows, one
+    column a file, each value with the unit ncu printed."""
+    files = sorted(Path(folder).glob("ncu_*.txt"))
+    cols = {}
+    for f in files:
+        vals = {}
+        for ln in f.read_text().splitlines():
+            m = re.match(r"^\s{4}(\S.*?)\s{2,}(\S+?)?\s+([\d,.]+)$", ln)
+            if m and m.group(1).strip() in NCU_DETAILS:
+                vals[m.group(1).strip()] = f"{m.group(3)} {m.group(2) or ''}".strip().replace(" %", "")
+        cols[f.stem.removeprefix("ncu_")] = vals
+    rows = ["| figure | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    rows += ["| " + label + " | " + " | ".join(c.get(metric, "-") for c in cols.values()) + " |"
+             for metric, label in NCU_DETAILS.items()]
+    return f"From `{folder}` (Nsight Compute details pages, one launch each):\n\n" + "\n".join(rows)
+
+
 def ab(log: str) -> str:
     """``scripts/moe_ab.py`` / ``attention_ab.py`` output: per item the medians of both passes of
     each tree, and each tree's mean against the first tree's."""
@@ -562,7 +600,7 @@ if __name__ == "__main__":
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
-             "pair-steady": pair_steady,
+             "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff}
     two = {"grid-diff"}   # kinds that read two runs
     if len(sys.argv) < 3 or sys.argv[1] not in kinds or len(sys.argv) != 3 + (sys.argv[1] in two):

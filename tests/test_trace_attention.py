@@ -243,3 +243,18 @@ def test_the_pair_kernel_waits_on_its_next_tiles_second_half():
     table = PERF_TABLES["pair_steady"](str(npz))   # the perf log's table: the same medians
     row = next(line for line in table.splitlines() if line.startswith("| pair period"))
     assert float(row.split(" | ")[1]) == round(period, 2)
+
+
+def test_the_pair_kernel_leaves_the_l2_and_the_crossbar_mostly_idle():
+    """Nsight Compute on the v10 pair kernel (H100, 0277bf4) at B = 1, N = 33 and B = 4, N = 129
+    (H = 64, P = 4096): the L2 and the L2 -> SM crossbar run at under half and under a fifth of
+    their peaks while the tensor pipe is idle 30-45% of the active cycles, so the tiles wait on
+    load latency (each stage reloaded only after its last reader), not on bandwidth
+    (docs/perf_log.md, session 27)."""
+    table = PERF_TABLES["ncu_details"](str(ROOT / "results" / "ncu_h100_0277bf4"))
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in table.splitlines()[4:]}
+    value = lambda label: [float(v.strip(" |").split()[0]) for v in rows[label]]  # noqa: E731
+    assert len(value("duration")) == 2
+    assert max(value("L2 throughput (% of peak)")) < 50
+    assert max(value("L2 -> SM (% of the crossbar's peak)")) < 20
+    assert all(30 < 100 - v < 45 for v in value("tensor pipe active (% of active cycles)"))
