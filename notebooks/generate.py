@@ -201,7 +201,8 @@ NOTEBOOKS = {
         ("code", "if joined is not None:\n"
                  "    plots.table(joined, ['call', 'launch', 'kernel', 'variant', 'kernel_name', 'duration_us', 'dram_read',\n"
                  "                         'dram_write', 'l2_read_sm', 'l2_read', 'l2_write', 'tensor_flops', 'hmma_active_pct',\n"
-                 "                         'occupancy_pct', 'registers', 'smem_bytes', 'sm_clock_mhz'])"),
+                 "                         'l2_pct_peak', 'xbar_pct_peak', 'occupancy_pct', 'registers', 'smem_bytes',\n"
+                 "                         'sm_clock_mhz'])"),
         ("md", "## Hierarchical roofline from counter bytes\n\nOne marker per memory level for each call, as "
                "Nsight Compute draws it: the same counted FLOP/s at the intensity of each level's bytes."),
         ("code", "if joined is not None:\n"

@@ -246,3 +246,63 @@ def test_the_partials_dtype_a_call_records_picks_its_model():
             assert m["model_dram_read"] == pytest.approx(measured["dram_read"], rel=0.05)
             if m["model_kernel"] == "verify_combine":
                 assert m32["model_dram_read"] > 1.9 * measured["dram_read"]
+
+
+# ---- how busy a call kept the tensor pipe, the L2 and the crossbar (percentages ncu reports) ----
+
+def _with_busy(tmp_path, l2, xbar):
+    """The committed export with the L2 and crossbar percentages added to every launch (the
+    committed export predates them; the metric names are the ones ``ncu --query-metrics`` offers)."""
+    import csv
+    import io
+
+    lines = [ln for ln in (DATA / "counters_raw.csv").read_text().splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    rows[0] += ["lts__t_sectors.avg.pct_of_peak_sustained_elapsed",
+                "l1tex__m_xbar2l1tex_read_bytes.sum.pct_of_peak_sustained_elapsed"]
+    rows[1] += ["%", "%"]
+    for i, r in enumerate(rows[2:]):
+        r += [f"{l2 + i:.2f}", f"{xbar + i:.2f}"]
+    buf = io.StringIO()
+    csv.writer(buf, quoting=csv.QUOTE_ALL).writerows(rows)
+    path = tmp_path / "counters_raw.csv"
+    path.write_text(buf.getvalue())
+    return path
+
+
+def test_a_call_carries_its_units_busy_shares_weighted_by_launch_time(tmp_path, calls):
+    launches = read_raw_csv(_with_busy(tmp_path, 20.0, 10.0))
+    assert list(launches["l2_pct_peak"][:2]) == [20.0, 21.0] and launches["xbar_pct_peak"].iloc[3] == 13.0
+    joined = join_model(launches, calls, H200_L2)
+    table = compare(joined)
+    call0 = table[(table["launch"] == "all") & (table["call"] == 0)].iloc[0]
+    first = joined[joined["call"] == 0]
+    w = first["duration_us"]
+    assert call0["l2_pct_peak"] == pytest.approx((first["l2_pct_peak"] * w).sum() / w.sum())
+    assert min(first["l2_pct_peak"]) < call0["l2_pct_peak"] < max(first["l2_pct_peak"])   # two launches
+
+
+@pytest.mark.parametrize("tensor, l2, xbar, verdict", [
+    (57.0, 19.0, 14.0, "none saturated, so the call waits on latency (loads asked for late, handoffs)"),
+    (60.0, 85.0, 30.0, "the L2 path near saturation (bandwidth-bound)"),
+    (60.0, 40.0, 82.0, "the L2 path near saturation (bandwidth-bound)"),
+    (91.0, 40.0, 30.0, "the tensor pipe near saturation (compute-bound)"),
+])
+def test_the_busy_shares_read_as_the_unit_that_binds(tensor, l2, xbar, verdict):
+    text = counters.busy_reading({"hmma_active_pct": tensor, "l2_pct_peak": l2, "xbar_pct_peak": xbar})
+    assert text.startswith(f"tensor pipe active {tensor:.0f}% of active cycles, L2 {l2:.0f}% and L2 -> SM "
+                           f"crossbar {xbar:.0f}% of their peaks: ")
+    assert text.endswith(verdict)
+    assert counters.busy_reading({"hmma_active_pct": tensor, "l2_pct_peak": l2}) == ""   # one missing: no reading
+
+
+def test_the_roofline_diagnosis_says_what_the_busy_shares_read(tmp_path, calls):
+    """A profiled point's diagnosis ends with the reading where the export has the percentages, and
+    stays as it was where it does not (the committed export)."""
+    joined = join_model(read_raw_csv(_with_busy(tmp_path, 20.0, 10.0)), calls, H200_L2)
+    notes = counters.counter_notes(compare(joined))
+    old = counters.counter_notes(compare(join_model(read_raw_csv(DATA / "counters_raw.csv"), calls, H200_L2)))
+    assert notes.keys() == old.keys()
+    for key, text in notes.items():
+        assert text.startswith(old[key] + "; tensor pipe active ")
+        assert "of their peaks: " in text and "of their peaks" not in old[key]

@@ -56,6 +56,8 @@ METRICS = {
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("hmma_active_pct", 1.0),
     "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": ("gmma_active_pct", 1.0),
     "sm__warps_active.avg.pct_of_peak_sustained_active": ("occupancy_pct", 1.0),
+    "lts__t_sectors.avg.pct_of_peak_sustained_elapsed": ("l2_pct_peak", 1.0),           # L2 slices' throughput
+    "l1tex__m_xbar2l1tex_read_bytes.sum.pct_of_peak_sustained_elapsed": ("xbar_pct_peak", 1.0),  # L2 -> SM crossbar
     "launch__registers_per_thread": ("registers", 1.0),
     "launch__shared_mem_per_block_dynamic": ("smem_dynamic", 1.0),
     "launch__shared_mem_per_block_static": ("smem_static", 1.0),
@@ -281,7 +283,7 @@ def compare(joined: pd.DataFrame, per_launch: bool = True) -> pd.DataFrame:
         base = {k: first[k] for k in keys} | {"call": int(first["call"]), "launch": launch,
                                                "kernel_name": "+".join(dict.fromkeys(g["kernel_name"])),
                                                "duration_us": float(g["duration_us"].sum())
-                                               if "duration_us" in g else math.nan}
+                                               if "duration_us" in g else math.nan} | _busy(g)
         for fig, (meas, model) in _FIGURES.items():
             if fig not in TOLERANCE or (fig == "tensor_flops" and "tensor_flops" not in g) or (
                     fig == "l2_read" and "l2_read_sm" not in g):          # a profile made before the metric
@@ -293,6 +295,42 @@ def compare(joined: pd.DataFrame, per_launch: bool = True) -> pd.DataFrame:
                                 "ratio": c / m if m > 0 else (math.inf if c > 0 else 1.0), "tolerance": TOLERANCE[fig],
                                 "target": fig in FLAGGED} | _judge(fig, g, m, c))
     return pd.DataFrame(rows)
+
+
+# How busy a call kept the units that bound a kernel (ncu percentages): the tensor pipe (of the
+# SMs' active cycles), the L2 slices and the L2 -> SM crossbar (of their peaks over the launch).
+BUSY = {"hmma_active_pct": "tensor pipe", "l2_pct_peak": "L2", "xbar_pct_peak": "L2 -> SM crossbar"}
+SATURATED_PCT = 80.0   # a unit at or above this share of its peak is taken as the one that binds
+
+
+def _busy(g: pd.DataFrame) -> dict:
+    """The :data:`BUSY` percentages of launches ``g`` as one call: each launch weighted by its
+    duration (launches or columns without the figure left out)."""
+    out = {}
+    for col in BUSY:
+        if col in g and "duration_us" in g:
+            v, w = g[col].astype(float), g["duration_us"].astype(float)
+            ok = v.notna() & w.notna()
+            if ok.any() and w[ok].sum() > 0:
+                out[col] = float((v[ok] * w[ok]).sum() / w[ok].sum())
+    return out
+
+
+def busy_reading(row: dict) -> str:
+    """What a call's :data:`BUSY` percentages say binds it: ``""`` without the three, else e.g.
+    ``"tensor pipe active 57% of active cycles, L2 19% and L2 -> SM crossbar 14% of their peaks:
+    none saturated, so the call waits on latency (loads asked for late, handoffs)"``."""
+    vals = {c: row.get(c) for c in BUSY}
+    if any(v is None or pd.isna(v) for v in vals.values()):
+        return ""
+    t, l2, xb = (float(vals[c]) for c in BUSY)
+    text = (f"tensor pipe active {t:.0f}% of active cycles, L2 {l2:.0f}% and L2 -> SM crossbar {xb:.0f}% "
+            "of their peaks: ")
+    if max(l2, xb) >= SATURATED_PCT:
+        return text + "the L2 path near saturation (bandwidth-bound)"
+    if t >= SATURATED_PCT:
+        return text + "the tensor pipe near saturation (compute-bound)"
+    return text + "none saturated, so the call waits on latency (loads asked for late, handoffs)"
 
 
 def _judge(fig: str, g: pd.DataFrame, m: float, c: float) -> dict:
@@ -584,7 +622,8 @@ def counter_notes(table: pd.DataFrame) -> dict:
                 parts.append(f"{label} {r['counter'] / scale:.3g} {unit} = {r['ratio']:.2f}x the model"
                              + (" (flagged)" if r["flag"] and r["target"] else "")
                              + (f" (not judged under {DRAM_FLOOR >> 10} KB: code fetch)" if floor else ""))
-        out[key] = "counters (ncu, L2 flushed): " + ", ".join(parts)
+        busy = busy_reading(first.to_dict())
+        out[key] = "counters (ncu, L2 flushed): " + ", ".join(parts) + (f"; {busy}" if busy else "")
     return out
 
 
