@@ -341,7 +341,7 @@ def counters(run: str) -> str:
     only that back; Nsight Compute, one row per launch): time under
     ncu, DRAM bytes read against the cost model, the bytes the SMs received from the L2, the
     tensor pipe's active share, achieved occupancy, and the tensor FLOPs counted against the
-    model's."""
+    model's; for profiles that have them, the L2's and the crossbar's share of their peaks."""
     folder = Path(run)
     table = folder / "counters.parquet"
     d = pd.read_parquet(table) if table.exists() else pd.read_csv(folder / "counters.csv")
@@ -350,11 +350,17 @@ def counters(run: str) -> str:
            "launch per row).", "",
            "| B, N, H, P | variant | kernel (splits) | us | DRAM read MB (model) | L2 -> SM MB | tensor pipe active "
            "| achieved occupancy | tensor FLOPs / model |", "|---|---|---|---|---|---|---|---|---|"]
+    busy = {"l2_pct_peak", "xbar_pct_peak"} <= set(d.columns)   # profiles from ebf1609 on
+    if busy:
+        out[-2] = out[-2].replace(" | tensor FLOPs / model |", " | tensor FLOPs / model | L2 (% of peak) "
+                                  "| L2 -> SM crossbar (% of peak) |")
+        out[-1] += "---|---|"
     for r in d.itertuples():
         flops = f"{r.tensor_flops / r.model_flops_exec:.2f}" if r.model_flops_exec else "-"
         out.append(f"| {r.batch}, {r.q_len}, {r.heads}, {r.prefix} | {r.variant} | {r.kernel_name} ({r.splits}) | "
                    f"{r.duration_us:.1f} | {r.dram_read / 1e6:.1f} ({r.model_dram_read / 1e6:.1f}) | "
-                   f"{r.l2_read_sm / 1e6:.1f} | {r.hmma_active_pct:.1f}% | {r.occupancy_pct:.1f}% | {flops} |")
+                   f"{r.l2_read_sm / 1e6:.1f} | {r.hmma_active_pct:.1f}% | {r.occupancy_pct:.1f}% | {flops} |"
+                   + (f" {r.l2_pct_peak:.1f}% | {r.xbar_pct_peak:.1f}% |" if busy else ""))
     return "\n".join(out)
 
 

@@ -226,6 +226,24 @@ def test_counters_table_reads_the_csv_where_the_parquet_did_not_come_back(tmp_pa
     assert len(rows) == len((run / "counters.csv").read_text().splitlines()) - 1
 
 
+def test_counters_table_adds_the_busy_shares_where_the_profile_has_them(tmp_path):
+    """A profile with the L2's and the crossbar's percentages gets two more columns, with each
+    launch's values; the committed profile (without them) keeps its nine."""
+    import pandas as pd
+
+    run = ROOT / "results" / "counters_h200" / "d22219d"
+    d = pd.read_csv(run / "counters.csv")
+    d["l2_pct_peak"], d["xbar_pct_peak"] = 10.0 + d.index, 50.0 + d.index
+    d.to_csv(tmp_path / "counters.csv", index=False)
+    (tmp_path / "counters.meta.json").write_bytes((run / "counters.meta.json").read_bytes())
+    rows = [ln for ln in PERF_TABLES["counters"](str(tmp_path)).splitlines() if ln.startswith("|")]
+    assert rows[0].endswith("| L2 (% of peak) | L2 -> SM crossbar (% of peak) |")
+    assert all(r.count("|") == 12 for r in rows)
+    assert rows[3].endswith("| 11.0% | 51.0% |")                       # the second launch
+    old = [ln for ln in PERF_TABLES["counters"](str(run)).splitlines() if ln.startswith("|")]
+    assert all(r.count("|") == 10 for r in old)
+
+
 def test_the_pair_kernel_waits_on_its_next_tiles_second_half():
     """The v8 pair kernel at B = 1, N = 33, H = 64, P = 4096 (H100 trace at 47246ac): each pair's
     tiles are loaded again only after the pair before has read them, so the warpgroup computing
