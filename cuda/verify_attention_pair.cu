@@ -13,8 +13,9 @@
 //        waits SCALE1 for alpha_B, stores P_A alpha_B (P_A against m_B) into sP0 (P0);
 //        waits P1; O0 = O0 alpha_B + P_B V_B[:, 0:256] with P_B from sP1; issues S of the next A.
 //   wg1: waits SCALE0; the max of S_B against m_A -> m_B, alpha_B (sM, sScale1; SCALE1), then
-//        the exponentials of P_B (wg0 scales P_A on alpha_B meanwhile); stores P_B into sP1 (P1); O1 = O1 alpha_A alpha_B + P_B V_B[:, 256:512] from registers; waits
-//        P0; O1 += P_A alpha_B V_A[:, 256:512] from sP0; issues S of the next B.
+//        the exponentials of P_B (wg0 scales P_A on alpha_B meanwhile); stores P_B into sP1 (P1);
+//        O1 = O1 alpha_A alpha_B + P_B V_B[:, 256:512] from registers; waits P0;
+//        O1 += P_A alpha_B V_A[:, 256:512] from sP0; issues S of the next B.
 // Both halves of O and both row sums (wg0 sums P_A, wg1 P_B, each rescaled like its O) end on the
 // same final max. A pair without B (odd tile count) ends after P_A (unscaled) and alpha_A.
 //

@@ -346,15 +346,12 @@ def counters(run: str) -> str:
     table = folder / "counters.parquet"
     d = pd.read_parquet(table) if table.exists() else pd.read_csv(folder / "counters.csv")
     meta = json.loads((folder / "counters.meta.json").read_text())
-    out = [f"From `{run}` ({meta.get('device', '?')}, commit {meta.get('git_sha', '?')}; Nsight Compute, one "
-           "launch per row).", "",
-           "| B, N, H, P | variant | kernel (splits) | us | DRAM read MB (model) | L2 -> SM MB | tensor pipe active "
-           "| achieved occupancy | tensor FLOPs / model |", "|---|---|---|---|---|---|---|---|---|"]
     busy = {"l2_pct_peak", "xbar_pct_peak"} <= set(d.columns)   # profiles from ebf1609 on
-    if busy:
-        out[-2] = out[-2].replace(" | tensor FLOPs / model |", " | tensor FLOPs / model | L2 (% of peak) "
-                                  "| L2 -> SM crossbar (% of peak) |")
-        out[-1] += "---|---|"
+    cols = ["B, N, H, P", "variant", "kernel (splits)", "us", "DRAM read MB (model)", "L2 -> SM MB",
+            "tensor pipe active", "achieved occupancy", "tensor FLOPs / model"]
+    cols += ["L2 (% of peak)", "L2 -> SM crossbar (% of peak)"] if busy else []
+    out = [f"From `{run}` ({meta.get('device', '?')}, commit {meta.get('git_sha', '?')}; Nsight Compute, one "
+           "launch per row).", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in d.itertuples():
         flops = f"{r.tensor_flops / r.model_flops_exec:.2f}" if r.model_flops_exec else "-"
         out.append(f"| {r.batch}, {r.q_len}, {r.heads}, {r.prefix} | {r.variant} | {r.kernel_name} ({r.splits}) | "

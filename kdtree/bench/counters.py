@@ -299,7 +299,7 @@ def compare(joined: pd.DataFrame, per_launch: bool = True) -> pd.DataFrame:
 
 # How busy a call kept the units that bound a kernel (ncu percentages): the tensor pipe (of the
 # SMs' active cycles), the L2 slices and the L2 -> SM crossbar (of their peaks over the launch).
-BUSY = {"hmma_active_pct": "tensor pipe", "l2_pct_peak": "L2", "xbar_pct_peak": "L2 -> SM crossbar"}
+BUSY = ("hmma_active_pct", "l2_pct_peak", "xbar_pct_peak")
 SATURATED_PCT = 80.0   # a unit at or above this share of its peak is taken as the one that binds
 
 
