@@ -52,15 +52,31 @@ struct FusedBlock {
   int kt0, kt1;          // this split's KV tiles
 };
 
+// The tree node of tile row r (padding rows past N * H count as the last node).
+__device__ __forceinline__ int fused_row_node(const FusedBlock& k, int N, int H, int r) {
+  return min((k.g0 + r) / H, N - 1);
+}
+
+// Where tile row r's keys end: past its own node's cache row (p + node + 1), and never past the
+// pass's range end. Visibility bits of nodes after the row's own are ignored, as in the reference.
+__device__ __forceinline__ int fused_row_end(const FusedBlock& k, int N, int H, int r) {
+  return min(k.hi, k.p + fused_row_node(k, N, H, r) + 1);
+}
+
+// A tree row sees only its ancestors and itself, and a parent precedes its child, so the tree
+// rows past the block's last node are masked for every row of the block: the range ends after it
+// (node n's row of the cache is p + n). At H = 64 a block holds one node, and a node halfway down
+// an N = 513 tree walks 256 tree rows fewer than the whole tree's.
 __device__ __forceinline__ FusedBlock fused_block(const int* prefix_lens, int S, int N, int H, int splits,
-                                                  int mode) {
+                                                  int mode, int tile_rows = FUSED_BM) {
   FusedBlock k;
   k.b = blockIdx.z;
   k.split = blockIdx.y;
   k.NH = N * H;
-  k.g0 = blockIdx.x * FUSED_BM;
+  k.g0 = blockIdx.x * tile_rows;
   k.p = att_prefix(prefix_lens, k.b, N, S);
   att_kv_range(mode, k.p, N, k.lo, k.hi);
+  k.hi = min(k.hi, fused_row_end(k, N, H, tile_rows - 1));
   const int n_tiles = (k.hi - k.lo + FUSED_BN - 1) / FUSED_BN;
   const int per_split = (n_tiles + splits - 1) / splits;
   k.kt0 = k.split * per_split;
@@ -100,15 +116,30 @@ __device__ __forceinline__ att_u32 fused_next_tile(att_u32 sKV, const att_bf16* 
   return sK;
 }
 
-// The visibility row of the query of tile row r (padding rows past N * H use the last query).
-__device__ __forceinline__ const long long* fused_vis_row(const long long* vis, const FusedBlock& k, int N, int H,
-                                                          int W, int r) {
-  return vis + ((size_t)k.b * N + min((k.g0 + r) / H, N - 1)) * W;
+// A thread's two rows r_lo / r_hi = r_lo + 8 of the tile (the mma / wgmma accumulator layout):
+// their queries' visibility rows (padding rows past N * H use the last query's) and their nodes
+// plus one, packed in 16 bits each (N <= 1025): one register, not two, for kernels at the
+// register limit. fused_rows_end unpacks where a row's keys end (fused_row_end).
+struct FusedRows {
+  const long long *v_lo, *v_hi;
+  int nodes;
+};
+
+__device__ __forceinline__ FusedRows fused_rows(const long long* vis, const FusedBlock& k, int N, int H, int W,
+                                                int r_lo) {
+  const long long* v = vis + (size_t)k.b * N * W;
+  const int n_lo = fused_row_node(k, N, H, r_lo), n_hi = fused_row_node(k, N, H, r_lo + 8);
+  return {v + (size_t)n_lo * W, v + (size_t)n_hi * W, (n_lo + 1) | ((n_hi + 1) << 16)};
+}
+
+template <bool HI>
+__device__ __forceinline__ int fused_rows_end(const FusedBlock& k, const FusedRows& vr) {
+  return min(k.hi, k.p + (HI ? vr.nodes >> 16 : vr.nodes & 0xffff));
 }
 
 // Bit c set when absolute KV position base + c (c in 0..63) is visible to the query whose
-// visibility row is vrow (W words): inside the range end hi = p + N, and in the prefix or a visible
-// tree node. Branch-free apart from the row's (at most two) word loads, so that a tile's masking
+// visibility row is vrow (W words): before the row's key end hi (fused_row_end), and in the prefix
+// or a visible tree node. Branch-free apart from the row's (at most two) word loads, so that a tile's masking
 // costs a few dozen instructions; written per element with a load each, ptxas turned the masking
 // into 32 guarded branches that every tile paid for, edge or not (1.2 us of a 2.5 us tile on an
 // H200, traced).
@@ -130,16 +161,16 @@ __device__ __forceinline__ att_u64 att_visible_bits(int base, int p, int hi, con
 
 // S of this thread's rows r_lo / r_hi = r_lo + 8 over KV columns col0 + 8 nt + 2 tig + {0, 1}
 // of tile T (NT n8 tiles in the mma / wgmma accumulator layout): scale to the log2 domain, mask
-// keys past the range end or invisible tree rows (only on tiles that reach them: a warp-uniform
+// keys past each row's end or invisible tree rows (only on tiles that reach them: a warp-uniform
 // branch around att_visible_bits), and return the row maxima reduced over the quad.
 template <int NT>
 __device__ __forceinline__ void fused_scale_mask_max(float (&s)[NT][4], const FusedBlock& k, int T, int col0,
-                                                     int tig, const long long* v_lo, const long long* v_hi,
-                                                     int W, float scale_log2, float& mx_lo, float& mx_hi) {
+                                                     int tig, const FusedRows& vr, int W, float scale_log2,
+                                                     float& mx_lo, float& mx_hi) {
   static_assert(NT <= 8, "a thread's columns span at most 64 positions");
   if ((T + col0 + 8 * NT > k.p) || (T + col0 + 8 * NT > k.hi)) {
-    const att_u64 m_lo = att_visible_bits(T + col0, k.p, k.hi, v_lo, W) >> (2 * tig);
-    const att_u64 m_hi = att_visible_bits(T + col0, k.p, k.hi, v_hi, W) >> (2 * tig);
+    const att_u64 m_lo = att_visible_bits(T + col0, k.p, fused_rows_end<false>(k, vr), vr.v_lo, W) >> (2 * tig);
+    const att_u64 m_hi = att_visible_bits(T + col0, k.p, fused_rows_end<true>(k, vr), vr.v_hi, W) >> (2 * tig);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

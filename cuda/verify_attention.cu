@@ -76,8 +76,7 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
 
   // This thread's two softmax rows (r_lo, r_hi = r_lo + 8) and their visibility rows.
   const int r_lo = 16 * mg + gid, r_hi = r_lo + 8;
-  const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
-  const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
+  const FusedRows vr = fused_rows(vis, k, N, H, W, r_lo);
 
   float o[4][8][4];
 #pragma unroll
@@ -117,7 +116,7 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
     }
 
     float mx_lo, mx_hi;
-    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * ng, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
+    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * ng, tig, vr, W, scale_log2, mx_lo, mx_hi);
     if (tig == 0) {
       sRed[ng * FUSED_BM + r_lo] = mx_lo;
       sRed[ng * FUSED_BM + r_hi] = mx_hi;
@@ -268,7 +267,7 @@ verify_naive(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv, co
   __shared__ float s_acc[NAIVE_WARPS][ATT_D_V];
   const int h = blockIdx.x, n = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int p = att_prefix(prefix_lens, b, N, S), hi = p + N;
+  const int p = att_prefix(prefix_lens, b, N, S), hi = p + n + 1;  // tree rows after n: not its ancestors
   const long long* vrow = vis + ((size_t)b * N + n) * W;
   const size_t row = ((size_t)b * N + n) * H + h;
 

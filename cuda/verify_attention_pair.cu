@@ -206,8 +206,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
   }
 
   const int r_lo = 16 * (warp & 3) + gid, r_hi = r_lo + 8;
-  const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
-  const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
+  const FusedRows vr = fused_rows(vis, k, N, H, W, r_lo);
   float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
 #pragma unroll
   for (int j = 0; j < 128; ++j) o[j] = 0.f;
@@ -235,7 +234,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       const int par = (a >> 1) & 1;
       const bool has_b = a + 1 < n, next_a = a + 2 < n, next_b = a + 3 < n;
       float mx_lo, mx_hi;
-      fused_scale_mask_max(s, k, k.lo + (k.kt0 + a) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
+      fused_scale_mask_max(s, k, k.lo + (k.kt0 + a) * FUSED_BN, 0, tig, vr, W, scale_log2, mx_lo, mx_hi);
       att_trace_rec(tr, ATT_EV_MASKED, a);
       float m_lo = sM[r_lo], m_hi = sM[r_hi], mu_lo, mu_hi;
       const float aa_lo = fused_max_step(mx_lo, m_lo, mu_lo), aa_hi = fused_max_step(mx_hi, m_hi, mu_hi);
@@ -319,7 +318,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       l_hi *= aa_hi;
       if (has_b) {
         float mx_lo, mx_hi;
-        fused_scale_mask_max(s, k, k.lo + (k.kt0 + a + 1) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo,
+        fused_scale_mask_max(s, k, k.lo + (k.kt0 + a + 1) * FUSED_BN, 0, tig, vr, W, scale_log2, mx_lo,
                              mx_hi);
         att_trace_rec(tr, ATT_EV_MASKED, a + 1);
         float m_lo = sM[r_lo], m_hi = sM[r_hi];

@@ -71,12 +71,12 @@ __device__ __forceinline__ void rn_tile(float* o, float* m, float* l, att_u32 sK
 #pragma unroll
       for (int e2 = 0; e2 < 2; ++e2) s[4 * j + 2 * e2 + c2] *= scale_log2;
       if (edge) {
-        const long long* vrow =
-            vis + ((size_t)k.b * N + min((k.g0 + w.r0 + 8 * j + 2 * w.tig + c2) / H, N - 1)) * W;
+        const int r = w.r0 + 8 * j + 2 * w.tig + c2, end = fused_row_end(k, N, H, r);
+        const long long* vrow = vis + ((size_t)k.b * N + fused_row_node(k, N, H, r)) * W;
 #pragma unroll
         for (int e2 = 0; e2 < 2; ++e2) {
           const int t = T + 16 * w.wq + w.gid + 8 * e2;
-          if (t >= k.hi || !att_kv_visible(t, k.p, vrow)) s[4 * j + 2 * e2 + c2] = ATT_NEG_INF;
+          if (t >= end || !att_kv_visible(t, k.p, vrow)) s[4 * j + 2 * e2 + c2] = ATT_NEG_INF;
         }
       }
       mx[2 * j + c2] = fmaxf(s[4 * j + c2], s[4 * j + 2 + c2]);
@@ -199,8 +199,7 @@ __device__ __forceinline__ void rn_kernel(const att_bf16* __restrict__ q, const 
   float* red = reinterpret_cast<float*>(smem + FUSED_SMEM_Q + 2 * FUSED_SMEM_KV + FUSED_SMEM_P);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
-  FusedBlock k = fused_block(prefix_lens, S, N, H, splits, mode);
-  k.g0 = blockIdx.x * tile_rows;
+  const FusedBlock k = fused_block(prefix_lens, S, N, H, splits, mode, tile_rows);
   // Every block computes the full tile (a short last tile is padded, so the warpgroups' shapes
   // stay NW and NW or NW - 8); rows is how many of them are real.
   const int tile = min(tile_rows, 2 * NW), rows = min(tile, k.NH - k.g0);

@@ -155,8 +155,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
     regs_inc<TMA_CONSUMER_REGS>();
     const int gid = lane >> 2, tig = lane & 3;
     const int r_lo = 16 * (warp & 3) + gid, r_hi = r_lo + 8;
-    const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
-    const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
+    const FusedRows vr = fused_rows(vis, k, N, H, W, r_lo);
     float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
     pp_consumers_start(o, sQ, q, k, n, tid, TMA_NB_CONSUMERS);
     AttTrace tr = att_trace_open(wg, wtid == 0);
@@ -178,7 +177,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
         att_trace_rec(tr, ATT_EV_S_DONE, i);
 
         float mx_lo, mx_hi;
-        fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
+        fused_scale_mask_max(s, k, k.lo + (k.kt0 + i) * FUSED_BN, 0, tig, vr, W, scale_log2, mx_lo, mx_hi);
         att_trace_rec(tr, ATT_EV_MASKED, i);
         if (i > 0) mb_wait(sBar + 8 * (TMA_FREE + 1 - wg), ((i - 1) >> 1) & 1);  // P(i - 1) read by the other
         att_trace_rec(tr, ATT_EV_FREE_WAIT, i);

@@ -38,8 +38,7 @@ verify_fused_wgmma(const att_bf16* __restrict__ q, const att_bf16* __restrict__ 
   const att_bf16* kvb = kv + (size_t)k.b * S * ATT_D_QK;
 
   const int r_lo = 16 * (warp & 3) + gid, r_hi = r_lo + 8;
-  const long long* v_lo = fused_vis_row(vis, k, N, H, W, r_lo);
-  const long long* v_hi = fused_vis_row(vis, k, N, H, W, r_hi);
+  const FusedRows vr = fused_rows(vis, k, N, H, W, r_lo);
 
   float o[128];  // O rows r_lo (o[4 j], o[4 j + 1]) / r_hi (o[4 j + 2], o[4 j + 3]), columns 256 wg + 8 j + 2 tig
 #pragma unroll
@@ -72,7 +71,7 @@ verify_fused_wgmma(const att_bf16* __restrict__ q, const att_bf16* __restrict__ 
     wg_pin<16>(&s[0][0]);
 
     float mx_lo, mx_hi;
-    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * wg, tig, v_lo, v_hi, W, scale_log2, mx_lo, mx_hi);
+    fused_scale_mask_max(s, k, k.lo + kt * FUSED_BN, 32 * wg, tig, vr, W, scale_log2, mx_lo, mx_hi);
     if (tig == 0) {
       sRed[wg * FUSED_BM + r_lo] = mx_lo;
       sRed[wg * FUSED_BM + r_hi] = mx_hi;

@@ -163,6 +163,7 @@ def reference_attention(q, kv, prefix_lens, tree, scale, dtype=torch.float64):
     pl = prefix_lens.to(torch.int64)
     bits = (vis[..., None] >> torch.arange(64, device=dev)) & 1          # [B, N, W, 64]
     bits = bits.reshape(B, N, -1)[:, :, :N].bool()                        # [B, N, N]
+    bits &= torch.ones(N, N, dtype=torch.bool, device=dev).tril()        # a node's ancestors precede it
     j = torch.arange(S, device=dev)[None, :] - pl[:, None]              # tree index per row [B, S]
     tree_vis = torch.gather(bits, 2, j.clamp(0, N - 1)[:, None, :].expand(B, N, S))
     mask = (j < 0)[:, None, :] | (((j >= 0) & (j < N))[:, None, :] & tree_vis)  # [B, N, S]
@@ -493,7 +494,9 @@ def verify_attention(q, kv, prefix_lens, tree, scale, variant="auto", *, out=Non
     prefix_lens : torch.Tensor, int32 or int64 [B]
         Prefix length per sequence (0 allowed); ``prefix_lens + N <= S``.
     tree : kdtree.Tree
-        Its ``visibility`` [B, N, ceil(N / 64)] int64 marks, per node, the tree rows it sees.
+        Its ``visibility`` [B, N, ceil(N / 64)] int64 marks, per node, the tree rows it sees
+        (its ancestors and itself; bits of nodes after its own are ignored, since a parent
+        precedes its child).
     scale : float
         Softmax scale applied to q . k.
     variant : {"auto", "fused", "cascade", "naive", "torch"}

@@ -77,6 +77,27 @@ def test_reference_matches_explicit_ancestor_walk(gen):
     assert torch.isinf(ref_lse[1, 50:]).all() and (ref_out[1, 50:] == 0).all()
 
 
+def _bits_past_the_node(tree, gen):
+    """``tree`` with random visibility bits set for nodes after each row's own (j > n, j < N):
+    never an ancestor, since a parent precedes its child."""
+    B, N, W = tree.visibility.shape
+    j = torch.arange(W * 64)
+    later = (j[None, :] > torch.arange(N)[:, None]) & (j[None, :] < N)            # [N, 64 W]
+    noise = (torch.rand(B, N, W * 64, generator=gen) < 0.5) & later
+    words = (noise.view(B, N, W, 64).long() << torch.arange(64)).sum(-1)          # wraps into int64
+    return _tree_with_vis(tree, tree.visibility | words.to(tree.visibility.device))
+
+
+def test_reference_ignores_visibility_bits_past_the_node(gen):
+    """Bits of nodes after a row's own are no ancestors: every variant ignores them (the CUDA
+    kernels end a block's KV range after its last node)."""
+    q, kv, pl, tree = random_case(2, 70, 8, [11, 0], gen, num_nodes=[70, 50])
+    noisy = _bits_past_the_node(tree, gen)
+    assert not torch.equal(noisy.visibility, tree.visibility)
+    for a, b in zip(reference_attention(q, kv, pl, noisy, SCALE), reference_attention(q, kv, pl, tree, SCALE)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("case", CPU_CASES, ids=_ids(CPU_CASES))
 @pytest.mark.parametrize("variant", ["torch", "auto"])
 def test_torch_variant_cpu(case, variant, gen):
@@ -776,6 +797,28 @@ def test_fused_kernels_match_reference(variant, impl, layout, case, gen):
     """Every fused kernel (mma.sync; wgmma in both layouts), alone and inside the cascade."""
     _need_impl(impl)
     _run_and_check(variant, case, gen, extra=3, impl=impl, layout=layout)
+
+
+@gpu
+@pytest.mark.parametrize("case", [(2, 70, 8, [100, 0], [70, 45]), (1, 33, 64, [300], None)], ids=["H8", "H64"])
+@pytest.mark.parametrize("variant, impl, layout", KERNELS + [("naive", None, None)],
+                         ids=["-".join(map(str, k)) for k in KERNELS] + ["naive"])
+def test_visibility_bits_past_the_node_change_nothing(variant, impl, layout, case, gen):
+    """A block's KV range ends after its last node, and each row's keys after its own node: with
+    random bits of later nodes set, every kernel writes the same bits as without them (H = 8: eight
+    nodes a tile, rows ending at different nodes; H = 64: one node a tile)."""
+    if impl:
+        _need_impl(impl)
+    B, N, H, pls, nn = case
+    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
+    outs = []
+    for t in (tree, _bits_past_the_node(tree_to(tree, "cpu"), gen)):
+        out = _poisoned(B, N, H, "cuda")
+        _run_cuda(variant, q, kv, pl, tree_to(t, "cuda"), SCALE, *out, impl=impl, layout=layout)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    _check(*outs[1], reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE))
 
 
 @gpu

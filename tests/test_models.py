@@ -43,15 +43,20 @@ def test_fused_follows_the_launch_plan(B, N, H, P):
     c = models.verify_attention_cost("fused", batch=B, nodes=N, heads=H, prefix=P)
     assert c.launches == plan.launches and len(c.parts) == plan.launches
     tiles = math.ceil(N * H / plan.tile_rows)
-    # executed FLOPs: every row tile (padding rows included) over every 64-row KV tile
-    assert c.flops_exec == pytest.approx(B * tiles * plan.tile_rows * math.ceil((P + N) / 64) * 64 * F)
+    # a row tile's KV range ends after the last node among its rows: tree rows past it are masked
+    ends = [P + min(N, ((r + 1) * plan.tile_rows - 1) // H + 1) for r in range(tiles)]
+    assert ends[-1] == P + N and (H < 64 or ends[0] == P + 1)
+    # executed FLOPs: every row tile (padding rows included) over every 64-row KV tile of its range
+    assert c.flops_exec == pytest.approx(B * sum(math.ceil(e / 64) for e in ends) * plan.tile_rows * 64 * F)
     assert c.flops_exec >= c.flops
     rows = B * N * H
     partials = plan.partial_slots * rows * (512 * 2 + 4)              # bf16 o, fp32 lse
     q, kv = rows * 576 * 2, B * (P + N) * ROW
     main = c.parts[0]
-    # every block loads its Q tile (once per split) and its split's KV range (once per row tile)
-    assert main.l2_read == pytest.approx(q * plan.splits + B * tiles * (P + N) * ROW + B * N * math.ceil(N / 64) * 8)
+    # every block loads its Q tile (once per split with tiles) and its split's KV range (once per row tile)
+    per_split = [math.ceil(math.ceil(e / 64) / plan.splits) for e in ends]
+    busy = sum(min(plan.splits, math.ceil(math.ceil(e / 64) / p)) for e, p in zip(ends, per_split))
+    assert main.l2_read == pytest.approx(q / tiles * busy + B * sum(ends) * ROW + B * N * math.ceil(N / 64) * 8)
     # bf16 rows, partial or output, stored 4 bytes per lane and store: two sector writes per sector
     if plan.partial_slots:       # split: the partials are written, then read back by the combine
         assert main.l2_write == partials + plan.splits * rows * 512 * 2 and c.parts[1].kernel == "verify_combine"
@@ -69,6 +74,29 @@ def test_b1_n33_p4096_fused_moves_its_partials_through_dram_under_a_flush():
     c = models.verify_attention_cost("fused", batch=1, nodes=33, heads=64, prefix=4096)
     assert c.launches == 2 and c.dram_read == pytest.approx(15.9e6, rel=0.01)
     assert c.bytes_min == pytest.approx(9.36e6, rel=0.01) and "4 KV splits" in c.note
+
+
+def test_a_block_walks_the_kv_up_to_its_last_node():
+    # H = 64: a block holds one node's heads, so node n's block walks P + n + 1 KV rows, not P + N
+    node = models.verify_attention_cost("fused", batch=1, nodes=513, heads=64, prefix=1024)
+    full = models.verify_attention_cost("fused", batch=1, nodes=513, heads=64, prefix=1024, kv_range="full")
+    tiles = sum(math.ceil((1024 + n + 1) / 64) for n in range(513))
+    assert node.flops_exec / full.flops_exec == pytest.approx(tiles / (513 * math.ceil(1537 / 64)))
+    assert node.flops_exec < 0.85 * full.flops_exec and node.flops == full.flops
+    assert node.dram_read == pytest.approx(full.dram_read)          # the last block reads the whole range
+    # the cascade's tree pass likewise; a prefix-only pass is unchanged
+    c_node = models.verify_attention_cost("cascade", batch=2, nodes=65, heads=8, prefix=500)
+    c_full = models.verify_attention_cost("cascade", batch=2, nodes=65, heads=8, prefix=500, kv_range="full")
+    assert c_node.parts[0].flops_exec == c_full.parts[0].flops_exec
+    ends = [min(65, (64 * r + 63) // 8 + 1) for r in range(9)]      # 8 nodes a row tile: 8, 16, ..., 65
+    assert c_node.parts[1].l2_read - c_full.parts[1].l2_read == pytest.approx(2 * (sum(ends) - 9 * 65) * ROW)
+    # a result row names its range; one that names none is modelled as the kernels walk it now,
+    # a counter record as they walked it before (counters.model_launches)
+    row = {"kernel": "verify_attention", "variant": "fused", "batch": 1, "q_len": 513, "heads": 64, "prefix": 1024}
+    assert models.cost_for_row(row).flops_exec == node.flops_exec
+    assert models.cost_for_row(row | {"kv_range": "full"}).flops_exec == full.flops_exec
+    with pytest.raises(ValueError, match="kv_range"):
+        models.verify_attention_cost("fused", batch=1, nodes=9, heads=8, prefix=10, kv_range="tree")
 
 
 def test_cascade_writes_one_partial_set_per_split_plus_the_tree_pass():
@@ -99,7 +127,7 @@ def test_recorded_splits_and_impl_fix_the_plan():
     assert pp.flops_exec == free.flops_exec and pp.launches == free.launches
     cols = models.launch_plan_columns("fused", batch=1, nodes=33, heads=64, kv_rows=4129)
     assert cols == {"splits": _plan("fused", 1, 33, 64, 4096).splits, "layout": _plan("fused", 1, 33, 64, 4096).layout,
-                    "impl": SM90_IMPL, "partials": "bfloat16"}
+                    "impl": SM90_IMPL, "partials": "bfloat16", "kv_range": "node"}
 
 
 def test_naive_rereads_the_latent_per_head_and_query_but_dram_sees_it_once():

@@ -177,8 +177,11 @@ def _derived(df: pd.DataFrame) -> pd.DataFrame:
 def model_launches(call: dict, l2_bytes: float | None = None) -> list[dict]:
     """The cost model's launches of one call (a point with its recorded plan), as dicts with
     ``model_`` columns and the expected ``kernel_name``."""
-    if kernel_name(str(call.get("kernel"))) == "verify_attention" and not call.get("partials"):
-        call = call | {"partials": "float32"}  # recorded before the partials went bf16 (and named their dtype)
+    if kernel_name(str(call.get("kernel"))) == "verify_attention":
+        if not call.get("partials"):
+            call = call | {"partials": "float32"}  # recorded before the partials went bf16 (and named their dtype)
+        if not call.get("kv_range"):
+            call = call | {"kv_range": "full"}  # recorded before a block's range ended at its last node
     cost = cost_for_row(call, l2_bytes)
     if cost is None:
         raise ValueError(f"call: no cost model for kernel {call.get('kernel')!r}")

@@ -253,14 +253,24 @@ def _spill(read: float, written: float, l2: float) -> float:
     return float(min(written, max(0.0, read + written - l2))) if l2 else float(written)
 
 
-def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_rows: int, kv_tokens: int,
-               splits: int, partials: float, out: float, vis: float, resident: int, l2_bytes: float,
-               halves: bool = True) -> Launch:
-    """One launch of a fused tile kernel (``cuda/attention_tile.cuh``) over ``kv_tokens`` KV rows.
+def _split_rows(kv_tokens: int, splits: int) -> list[int]:
+    """KV rows of each split of one block's range: tiles dealt ``ceil(tiles / splits)`` a split."""
+    per_split = math.ceil(math.ceil(kv_tokens / KV_TILE) / splits) if kv_tokens else 0
+    return [max(0, min(kv_tokens, (j + 1) * per_split * KV_TILE) - j * per_split * KV_TILE) for j in range(splits)]
+
+
+def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_rows: int,
+               kv_tokens: int | list[int], splits: int, partials: float, out: float, vis: float, resident: int,
+               l2_bytes: float, halves: bool = True) -> Launch:
+    """One launch of a fused tile kernel (``cuda/attention_tile.cuh``) over a sequence's KV rows.
+
+    ``kv_tokens`` is the KV range a block walks, one count for every row tile or one per row tile:
+    a block's range ends after the last tree node among its rows (``fused_block``), since the
+    tree rows after it are no row's ancestors; the last row tile walks the whole range.
 
     Blocks are (row tile, split, sequence), row tile fastest, one resident per SM (the kernel's
     shared memory), so they run in waves of ``resident``. Each block loads its Q tile and every
-    KV tile of its split with 16-byte ``cp.async`` (L2 -> SM: the Q tile once per split, the KV
+    KV tile of its split with 16-byte ``cp.async`` (L2 -> SM: the Q tile once per split, its KV
     range once per row tile), then writes its rows: partials and their fp32 lse (``partials``) or
     the bf16 output and lse (``out``). Where the rows are bf16 (the output always; the partials
     unless ``halves`` is False, as for the fp32 partials of kernels before them) each thread
@@ -275,25 +285,27 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     SM reads. Written bytes reach HBM during the launch only beyond what the L2 holds, and never
     those of the last wave (written at the end, they are still in the L2 when the launch ends).
     """
-    tiles = math.ceil(kv_tokens / KV_TILE)
-    per_split = math.ceil(tiles / splits) if tiles else 0
-    split_rows = [max(0, min(kv_tokens, (j + 1) * per_split * KV_TILE) - j * per_split * KV_TILE)
-                  for j in range(splits)]
-    busy = sum(1 for r in split_rows if r > 0)             # splits with tiles (the others load nothing)
+    ranges = [kv_tokens] * row_tiles if isinstance(kv_tokens, int) else list(kv_tokens)
+    if len(ranges) != row_tiles:
+        raise ValueError(f"kv_tokens: expected {row_tiles} ranges (one per row tile), got {len(ranges)}")
+    rows_of = [_split_rows(r, splits) for r in ranges]         # [row tile][split]
+    group_rows = [max(col) for col in zip(*rows_of)]         # a split's KV: its widest row tile's
     q = batch * seq_rows * KV_ROW_BYTES
     blocks = batch * splits * row_tiles
     q_block = q / (batch * row_tiles)
     written = partials if partials else out
     per_block = written / blocks
-    kv_read = batch * sum(split_rows) * KV_ROW_BYTES
-    l2_read = q * busy + row_tiles * kv_read + vis
+    kv_read = batch * sum(group_rows) * KV_ROW_BYTES         # HBM: each sequence's range once
+    kv_l2 = batch * sum(map(sum, rows_of)) * KV_ROW_BYTES    # L2 -> SM: once per row tile
+    q_l2 = batch * q_block * sum(1 for rows in rows_of for r in rows if r > 0)  # splits with tiles load Q
+    l2_read = q_l2 + kv_l2 + vis
     # waves: the KV each one touches (one read per group of blocks) and its distinct Q tiles
     waves = math.ceil(blocks / resident)
     merged, reread, last_foot = vis, 0.0, 0.0
     for w in range(waves):
         lo, hi = w * resident, min(blocks, (w + 1) * resident)
         groups = range(lo // row_tiles, (hi - 1) // row_tiles + 1)    # group = (sequence, split)
-        kv_w = sum(split_rows[g % splits] for g in groups) * KV_ROW_BYTES
+        kv_w = sum(group_rows[g % splits] for g in groups) * KV_ROW_BYTES
         if splits == 1:
             q_tiles = hi - lo
         else:
@@ -302,7 +314,7 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
         if w and last_foot > l2_bytes:                 # groups continued from the wave before: read again
             first = lo // row_tiles
             if first * row_tiles < lo:
-                reread += split_rows[first % splits] * KV_ROW_BYTES
+                reread += group_rows[first % splits] * KV_ROW_BYTES
         last_foot = SHARED_COPY * kv_w + FAR_COPY * (hi - lo) * q_block + (hi - lo) * per_block
     footprint = SHARED_COPY * kv_read + FAR_COPY * q + written
     last_wave = (blocks - (waves - 1) * resident) * per_block
@@ -310,14 +322,18 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     bf16_sets = 1 if not partials else splits if halves else 0     # row sets written as bf16 halves
     l2_write = written + bf16_sets * batch * seq_rows * V_DIM * BF16   # a half: a second sector write
     tile_flops = tile_rows * KV_TILE * ATTN_FLOPS_PER_TOKEN
-    flops_exec = batch * row_tiles * tiles * tile_flops
+    flops_exec = batch * sum(math.ceil(r / KV_TILE) for r in ranges) * tile_flops
+    block_tiles = max(math.ceil(r / KV_TILE) for rows in rows_of for r in rows)
     return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
-                  l2_shared=l2_read - merged, blocks=blocks, slots=resident, waves=waves, block_tiles=per_split,
-                  flops_waves=float(waves * resident * per_split * tile_flops))
+                  l2_shared=l2_read - merged, blocks=blocks, slots=resident, waves=waves, block_tiles=block_tiles,
+                  flops_waves=float(waves * resident * block_tiles * tile_flops))
 
 
 # Bytes per value of the split partials' O, by dtype name (the lse is fp32 either way).
 PARTIAL_DTYPES = {"bfloat16": BF16, "float32": F32}
+# Where a block's KV range ends: after the last tree node among its rows (``node``, the kernels
+# now), or after the whole tree (``full``, calls recorded before; their records name no range).
+KV_RANGES = ("node", "full")
 
 
 def _current_partials() -> str:
@@ -343,7 +359,7 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
                           tree_visible: float | None = None, kv_rows: int | None = None,
                           num_sms: int = H200_SMS, impl: str | None = None, splits: int | None = None,
                           layout: str | None = None, l2_bytes: float = H200_L2_BYTES,
-                          partials: str | None = None) -> Cost:
+                          partials: str | None = None, kv_range: str = "node") -> Cost:
     """FLOPs and bytes of one tree-verify MLA attention call, launch by launch.
 
     Parameters
@@ -367,6 +383,9 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         The split partials' dtype, ``bfloat16`` or ``float32``: default the kernels' own
         (``attention.PARTIAL_DTYPE``); ``float32`` models calls profiled before the partials went
         bf16 (their records name no dtype).
+    kv_range : str
+        Where a block's KV range ends (:data:`KV_RANGES`): ``node``, after the last tree node
+        among its rows, as the kernels walk it; ``full`` models calls recorded before they did.
 
     Returns
     -------
@@ -376,6 +395,8 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     partials = partials or _current_partials()
     if partials not in PARTIAL_DTYPES:
         raise ValueError(f"partials: expected one of {tuple(PARTIAL_DTYPES)}, got {partials!r}")
+    if kv_range not in KV_RANGES:
+        raise ValueError(f"kv_range: expected one of {KV_RANGES}, got {kv_range!r}")
     if nodes < 1 or heads < 1 or batch < 1:
         raise ValueError(f"batch, nodes and heads must be >= 1, got batch={batch}, nodes={nodes}, heads={heads}")
     tv = (nodes + 1) / 2 if tree_visible is None else float(tree_visible)
@@ -419,7 +440,11 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     padded = B * row_tiles * plan.tile_rows
     part_bytes = rows * (V_DIM * PARTIAL_DTYPES[partials] + F32)     # one partial set (o, fp32 lse)
 
-    def pass_launch(kv_tokens: int, slots: int) -> Launch:
+    # a row tile's tree rows end after its last node (``fused_block``): the ranges of fused / tree passes
+    tree_ends = [min(N, ((r + 1) * plan.tile_rows - 1) // H + 1) if kv_range == "node" else N
+                 for r in range(row_tiles)]
+
+    def pass_launch(kv_tokens: int | list[int], slots: int) -> Launch:
         return _tile_pass(kernel, batch=B, seq_rows=N * H, row_tiles=row_tiles, tile_rows=plan.tile_rows,
                           kv_tokens=kv_tokens, splits=max(slots, 1), partials=slots * part_bytes, out=out,
                           vis=vis, resident=num_sms, l2_bytes=l2_bytes, halves=partials == "bfloat16")
@@ -429,15 +454,15 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         return Launch("verify_combine", 0.0, read, _spill(FAR_COPY * read, out, l2_bytes), read, out, carried=read)
 
     if variant == "cascade":
-        parts = (pass_launch(P, plan.splits), pass_launch(N, 1), combine(plan.partial_slots))
+        parts = (pass_launch(P, plan.splits), pass_launch(tree_ends, 1), combine(plan.partial_slots))
         note = (f"prefix pass ({plan.splits} split{'s' if plan.splits > 1 else ''}) + tree pass + lse merge: "
                 f"{plan.launches} launches, {plan.partial_slots} partial sets")
     elif plan.partial_slots:
-        parts = (pass_launch(P + N, plan.splits), combine(plan.partial_slots))
+        parts = (pass_launch([P + e for e in tree_ends], plan.splits), combine(plan.partial_slots))
         note = (f"single pass on tensor cores in {plan.splits} KV splits: partials "
                 f"({plan.partial_slots * part_bytes / 1e6:.1f} MB) written and merged by a second launch")
     else:
-        parts = (pass_launch(P + N, 0),)
+        parts = (pass_launch([P + e for e in tree_ends], 0),)
         note = "single pass on tensor cores"
     pad = padded / rows
     if pad > 1.05:
@@ -447,14 +472,15 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
 
 def launch_plan_columns(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int,
                         num_sms: int = H200_SMS, impl: str | None = None) -> dict:
-    """``splits``, ``layout``, ``impl`` and ``partials`` (the split partials' dtype) of a
-    verify-attention call, for its results row (empty strings and 1 split for variants without
-    a launch plan)."""
+    """``splits``, ``layout``, ``impl``, ``partials`` (the split partials' dtype) and ``kv_range``
+    (where a block's KV range ends, :data:`KV_RANGES`) of a verify-attention call, for its results
+    row (empty strings and 1 split for variants without a launch plan)."""
     if not (variant.startswith("fused") or variant in ("cascade", "naive")):
-        return {"splits": 1, "layout": "", "impl": variant, "partials": ""}
+        return {"splits": 1, "layout": "", "impl": variant, "partials": "", "kv_range": ""}
     p = _plan(variant, batch, nodes, heads, kv_rows, num_sms, impl, None)
+    tiled = variant != "naive"
     return {"splits": p.splits, "layout": p.layout, "impl": p.impl,
-            "partials": _current_partials() if variant != "naive" else ""}
+            "partials": _current_partials() if tiled else "", "kv_range": KV_RANGES[0] if tiled else ""}
 
 
 def build_tree_cost(variant: str, *, batch: int, budget: int, depth: int, topk: int | None = None,
@@ -533,7 +559,8 @@ MODELS = {
 _ARGS = {
     "verify_attention": {"batch": "batch", "nodes": "q_len", "heads": "heads", "prefix": "prefix",
                          "tree_visible": "tree_visible?", "kv_rows": "kv_rows?", "impl": "impl?",
-                         "splits": "splits?", "layout": "layout?", "partials": "partials?"},
+                         "splits": "splits?", "layout": "layout?", "partials": "partials?",
+                         "kv_range": "kv_range?"},
     "build_tree": {"batch": "batch", "budget": "budget", "depth": "depth", "topk": "topk?"},
     "accept_tree": {"batch": "batch", "budget": "budget", "depth": "depth"},
     "compact_kv": {"batch": "batch", "depth": "depth", "accepted": "accepted?", "moved": "moved?"},
@@ -555,7 +582,7 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
     """The cost of one result row (a mapping with ``kernel``, ``variant`` and shape columns).
 
     ``q_len`` may be given as ``budget`` (q_len = budget + 1) and ``depth`` defaults to 15.
-    ``impl``, ``splits``, ``layout`` and ``partials`` columns, where a row records them, fix the
+    ``impl``, ``splits``, ``layout``, ``partials`` and ``kv_range`` columns, where a row records them, fix the
     verify launch plan (``naive``, ``torch`` and CPU rows ignore them). ``l2_bytes``: the
     device's L2 (default the H200's). Returns None for kernels without a model.
     """
@@ -570,14 +597,14 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
         values["depth"] = 15
     from kdtree.attention import FUSED_IMPLS, LAYOUTS
 
-    str_args = {"impl": FUSED_IMPLS, "layout": LAYOUTS, "partials": tuple(PARTIAL_DTYPES)}
+    str_args = {"impl": FUSED_IMPLS, "layout": LAYOUTS, "partials": tuple(PARTIAL_DTYPES), "kv_range": KV_RANGES}
     planned = kernel == "verify_attention" and (variant.startswith("fused") or variant == "cascade")
     kwargs = {} if l2_bytes is None else {"l2_bytes": float(l2_bytes)}
     for arg, col in _ARGS[kernel].items():
         optional = col.endswith("?")
         col = col.rstrip("?")
         v = values.get(col)
-        if arg in ("impl", "splits", "layout", "partials") and not planned:
+        if arg in ("impl", "splits", "layout", "partials", "kv_range") and not planned:
             continue
         if _present(v) and not (arg in str_args and v not in str_args[arg]):
             kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in str_args else int(v)
