@@ -117,24 +117,19 @@ __device__ __forceinline__ att_u32 fused_next_tile(att_u32 sKV, const att_bf16* 
 }
 
 // A thread's two rows r_lo / r_hi = r_lo + 8 of the tile (the mma / wgmma accumulator layout):
-// their queries' visibility rows (padding rows past N * H use the last query's) and their nodes
-// plus one, packed in 16 bits each (N <= 1025): one register, not two, for kernels at the
-// register limit. fused_rows_end unpacks where a row's keys end (fused_row_end).
+// their queries' visibility rows (padding rows past N * H use the last query's). Where their keys
+// end (fused_row_end) is recomputed on the few tiles that mask: kept in registers through the
+// loop, it cost the pair kernel 11 of them and 1.5% at B = 1, N = 33, H = 64 on an H100.
 struct FusedRows {
   const long long *v_lo, *v_hi;
-  int nodes;
+  int r_lo, N, H;
 };
 
 __device__ __forceinline__ FusedRows fused_rows(const long long* vis, const FusedBlock& k, int N, int H, int W,
                                                 int r_lo) {
   const long long* v = vis + (size_t)k.b * N * W;
-  const int n_lo = fused_row_node(k, N, H, r_lo), n_hi = fused_row_node(k, N, H, r_lo + 8);
-  return {v + (size_t)n_lo * W, v + (size_t)n_hi * W, (n_lo + 1) | ((n_hi + 1) << 16)};
-}
-
-template <bool HI>
-__device__ __forceinline__ int fused_rows_end(const FusedBlock& k, const FusedRows& vr) {
-  return min(k.hi, k.p + (HI ? vr.nodes >> 16 : vr.nodes & 0xffff));
+  return {v + (size_t)fused_row_node(k, N, H, r_lo) * W, v + (size_t)fused_row_node(k, N, H, r_lo + 8) * W, r_lo,
+          N, H};
 }
 
 // Bit c set when absolute KV position base + c (c in 0..63) is visible to the query whose
@@ -169,8 +164,13 @@ __device__ __forceinline__ void fused_scale_mask_max(float (&s)[NT][4], const Fu
                                                      float& mx_lo, float& mx_hi) {
   static_assert(NT <= 8, "a thread's columns span at most 64 positions");
   if ((T + col0 + 8 * NT > k.p) || (T + col0 + 8 * NT > k.hi)) {
-    const att_u64 m_lo = att_visible_bits(T + col0, k.p, fused_rows_end<false>(k, vr), vr.v_lo, W) >> (2 * tig);
-    const att_u64 m_hi = att_visible_bits(T + col0, k.p, fused_rows_end<true>(k, vr), vr.v_hi, W) >> (2 * tig);
+    // H is a power of two (verify_attention checks it): a shift, not fused_row_end's division,
+    // which cost the pair kernel 12 registers here, where s and O are live
+    const int hs = __ffs(vr.H) - 1, n_lo = min((k.g0 + vr.r_lo) >> hs, vr.N - 1);
+    const int n_hi = min((k.g0 + vr.r_lo + 8) >> hs, vr.N - 1);
+    const int e_lo = min(k.hi, k.p + n_lo + 1), e_hi = min(k.hi, k.p + n_hi + 1);
+    const att_u64 m_lo = att_visible_bits(T + col0, k.p, e_lo, vr.v_lo, W) >> (2 * tig);
+    const att_u64 m_hi = att_visible_bits(T + col0, k.p, e_hi, vr.v_hi, W) >> (2 * tig);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
