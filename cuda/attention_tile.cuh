@@ -118,8 +118,7 @@ __device__ __forceinline__ att_u32 fused_next_tile(att_u32 sKV, const att_bf16* 
 
 // A thread's two rows r_lo / r_hi = r_lo + 8 of the tile (the mma / wgmma accumulator layout):
 // their queries' visibility rows (padding rows past N * H use the last query's). Where their keys
-// end (fused_row_end) is recomputed on the few tiles that mask: kept in registers through the
-// loop, it cost the pair kernel 11 of them and 1.5% at B = 1, N = 33, H = 64 on an H100.
+// end (fused_row_end) is recomputed on the few tiles that mask, not kept through the tile loop.
 struct FusedRows {
   const long long *v_lo, *v_hi;
   int r_lo, N, H;
@@ -164,8 +163,7 @@ __device__ __forceinline__ void fused_scale_mask_max(float (&s)[NT][4], const Fu
                                                      float& mx_lo, float& mx_hi) {
   static_assert(NT <= 8, "a thread's columns span at most 64 positions");
   if ((T + col0 + 8 * NT > k.p) || (T + col0 + 8 * NT > k.hi)) {
-    // H is a power of two (verify_attention checks it): a shift, not fused_row_end's division,
-    // which cost the pair kernel 12 registers here, where s and O are live
+    // fused_row_end with a shift for the division: H is a power of two (verify_attention checks it)
     const int hs = __ffs(vr.H) - 1, n_lo = min((k.g0 + vr.r_lo) >> hs, vr.N - 1);
     const int n_hi = min((k.g0 + vr.r_lo + 8) >> hs, vr.N - 1);
     const int e_lo = min(k.hi, k.p + n_lo + 1), e_hi = min(k.hi, k.p + n_hi + 1);

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from kdtree.checks import check_tensor
-from kdtree.tree import Tree
+from kdtree.tree import Tree, visibility_mask
 
 D_QK = 576          # absorbed q / latent key width (512 latent + 64 rope)
 D_V = 512           # value / output width per head
@@ -158,15 +158,7 @@ def reference_attention(q, kv, prefix_lens, tree, scale, dtype=torch.float64):
     """
     B, N, H, _ = q.shape
     S = kv.shape[1]
-    dev = q.device
-    vis = tree.visibility
-    pl = prefix_lens.to(torch.int64)
-    bits = (vis[..., None] >> torch.arange(64, device=dev)) & 1          # [B, N, W, 64]
-    bits = bits.reshape(B, N, -1)[:, :, :N].bool()                        # [B, N, N]
-    bits &= torch.ones(N, N, dtype=torch.bool, device=dev).tril()        # a node's ancestors precede it
-    j = torch.arange(S, device=dev)[None, :] - pl[:, None]              # tree index per row [B, S]
-    tree_vis = torch.gather(bits, 2, j.clamp(0, N - 1)[:, None, :].expand(B, N, S))
-    mask = (j < 0)[:, None, :] | (((j >= 0) & (j < N))[:, None, :] & tree_vis)  # [B, N, S]
+    mask = visibility_mask(tree.visibility, prefix_lens, S)                 # [B, N, S]
     outs, lses = [], []
     for b in range(B):  # one sequence at a time bounds the [N*H, S] score matrix
         k = kv[b].to(dtype)

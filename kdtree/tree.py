@@ -113,6 +113,37 @@ class Accepted:
     bonus: torch.Tensor
 
 
+def visibility_mask(visibility: torch.Tensor, prefix_lens: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Which cache rows each tree node may attend to, as a boolean [B, N, kv_len] mask.
+
+    Parameters
+    ----------
+    visibility : int64 [B, N, ceil(N / 64)]
+        ``Tree.visibility``: bit j of row i is set iff node j is an ancestor of node i or i. Bits
+        of nodes after i are ignored (a parent precedes its child, so none is an ancestor), as the
+        CUDA kernels ignore them.
+    prefix_lens : int [B]
+        The tree rows of sequence b sit at cache rows ``prefix_lens[b] + j``.
+    kv_len : int
+        Cache rows to cover.
+
+    Returns
+    -------
+    bool tensor [B, N, kv_len]
+        True for every prefix row and for the tree rows of visible nodes; False elsewhere (rows
+        past the tree, invisible nodes). No host synchronisation, so it can be graph-captured.
+    """
+    B, N, _ = visibility.shape
+    dev = visibility.device
+    bits = (visibility[..., None] >> torch.arange(64, device=dev)) & 1          # [B, N, W, 64]
+    bits = bits.reshape(B, N, -1)[:, :, :N].bool()                              # [B, N, N]
+    bits &= torch.ones(N, N, dtype=torch.bool, device=dev).tril()              # ancestors precede a node
+    j = torch.arange(kv_len, device=dev)[None, :] - prefix_lens.long()[:, None]  # tree index [B, S]
+    in_tree = (j >= 0) & (j < N)
+    seen = torch.gather(bits, 2, j.clamp(0, N - 1)[:, None, :].expand(B, N, kv_len))
+    return (j < 0)[:, None, :] | (in_tree[:, None, :] & seen)
+
+
 def visibility_reference(parents: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
     """Ancestor-or-self bitmask [B, N, ceil(N/64)] int64, by walking parent pointers (numpy)."""
     par = parents.cpu().numpy()

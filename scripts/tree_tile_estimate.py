@@ -15,7 +15,7 @@ import sys
 import torch
 
 from kdtree.attention import random_parents
-from kdtree.tree import Tree
+from kdtree.tree import Tree, visibility_mask
 
 TILE = 64
 
@@ -23,7 +23,7 @@ TILE = 64
 def tiles(N: int, P: int, gen: torch.Generator) -> tuple[int, int, int]:
     """(whole tree, range to the node, range without ancestor-free tree tiles), summed over nodes."""
     tree = Tree.from_parents(random_parents(1, N, torch.tensor([N]), gen))
-    bits = ((tree.visibility[0][..., None] >> torch.arange(64)) & 1).reshape(N, -1)[:, :N].bool()
+    bits = visibility_mask(tree.visibility, torch.zeros(1, dtype=torch.long), N)[0]     # [N, N]
     whole = N * math.ceil((P + N) / TILE)
     to_node = skip = 0
     for n in range(N):

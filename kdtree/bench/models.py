@@ -260,13 +260,13 @@ def _split_rows(kv_tokens: int, splits: int) -> list[int]:
 
 
 def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_rows: int,
-               kv_tokens: int | list[int], splits: int, partials: float, out: float, vis: float, resident: int,
+               kv_tokens: list[int], splits: int, partials: float, out: float, vis: float, resident: int,
                l2_bytes: float, halves: bool = True) -> Launch:
     """One launch of a fused tile kernel (``cuda/attention_tile.cuh``) over a sequence's KV rows.
 
-    ``kv_tokens`` is the KV range a block walks, one count for every row tile or one per row tile:
-    a block's range ends after the last tree node among its rows (``fused_block``), since the
-    tree rows after it are no row's ancestors; the last row tile walks the whole range.
+    ``kv_tokens`` is the KV range each row tile's blocks walk: a block's range ends after the last
+    tree node among its rows (``fused_block``), since the tree rows after it are no row's
+    ancestors; the last row tile walks the whole range.
 
     Blocks are (row tile, split, sequence), row tile fastest, one resident per SM (the kernel's
     shared memory), so they run in waves of ``resident``. Each block loads its Q tile and every
@@ -285,10 +285,7 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     SM reads. Written bytes reach HBM during the launch only beyond what the L2 holds, and never
     those of the last wave (written at the end, they are still in the L2 when the launch ends).
     """
-    ranges = [kv_tokens] * row_tiles if isinstance(kv_tokens, int) else list(kv_tokens)
-    if len(ranges) != row_tiles:
-        raise ValueError(f"kv_tokens: expected {row_tiles} ranges (one per row tile), got {len(ranges)}")
-    rows_of = [_split_rows(r, splits) for r in ranges]         # [row tile][split]
+    rows_of = [_split_rows(r, splits) for r in kv_tokens]         # [row tile][split]
     group_rows = [max(col) for col in zip(*rows_of)]         # a split's KV: its widest row tile's
     q = batch * seq_rows * KV_ROW_BYTES
     blocks = batch * splits * row_tiles
@@ -322,7 +319,7 @@ def _tile_pass(kernel: str, *, batch: int, seq_rows: int, row_tiles: int, tile_r
     bf16_sets = 1 if not partials else splits if halves else 0     # row sets written as bf16 halves
     l2_write = written + bf16_sets * batch * seq_rows * V_DIM * BF16   # a half: a second sector write
     tile_flops = tile_rows * KV_TILE * ATTN_FLOPS_PER_TOKEN
-    flops_exec = batch * sum(math.ceil(r / KV_TILE) for r in ranges) * tile_flops
+    flops_exec = batch * sum(math.ceil(r / KV_TILE) for r in kv_tokens) * tile_flops
     block_tiles = max(math.ceil(r / KV_TILE) for rows in rows_of for r in rows)
     return Launch(kernel, flops_exec, q + kv_read + reread + vis, max(spill, 0.0), l2_read, l2_write,
                   l2_shared=l2_read - merged, blocks=blocks, slots=resident, waves=waves, block_tiles=block_tiles,
@@ -444,7 +441,7 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     tree_ends = [min(N, ((r + 1) * plan.tile_rows - 1) // H + 1) if kv_range == "node" else N
                  for r in range(row_tiles)]
 
-    def pass_launch(kv_tokens: int | list[int], slots: int) -> Launch:
+    def pass_launch(kv_tokens: list[int], slots: int) -> Launch:
         return _tile_pass(kernel, batch=B, seq_rows=N * H, row_tiles=row_tiles, tile_rows=plan.tile_rows,
                           kv_tokens=kv_tokens, splits=max(slots, 1), partials=slots * part_bytes, out=out,
                           vis=vis, resident=num_sms, l2_bytes=l2_bytes, halves=partials == "bfloat16")
@@ -454,7 +451,7 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         return Launch("verify_combine", 0.0, read, _spill(FAR_COPY * read, out, l2_bytes), read, out, carried=read)
 
     if variant == "cascade":
-        parts = (pass_launch(P, plan.splits), pass_launch(tree_ends, 1), combine(plan.partial_slots))
+        parts = (pass_launch([P] * row_tiles, plan.splits), pass_launch(tree_ends, 1), combine(plan.partial_slots))
         note = (f"prefix pass ({plan.splits} split{'s' if plan.splits > 1 else ''}) + tree pass + lse merge: "
                 f"{plan.launches} launches, {plan.partial_slots} partial sets")
     elif plan.partial_slots:

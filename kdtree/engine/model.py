@@ -16,7 +16,8 @@ rows. Two implementations of that attention, picked per call by ``attend``:
 * ``latent_attention`` here, in float32 for any shape, device and dtype. It is what makes the
   CPU lossless test exact, and the fallback for shapes the kernels do not take.
 
-Both take their mask from the same place: ``visibility_mask`` expands ``Tree.visibility``.
+Both take their mask from the same place: ``kdtree.tree.visibility_mask`` expands ``Tree.visibility``
+(the float64 reference of ``kdtree.attention`` does too).
 """
 from __future__ import annotations
 
@@ -30,35 +31,7 @@ from kdtree.attention import D_QK, HEADS, MAX_NODES, verify_attention
 from kdtree import experts as expert_kernels
 from kdtree.engine.cache import KVCache
 from kdtree.engine.config import ModelConfig
-from kdtree.tree import Tree
-
-
-def visibility_mask(visibility: torch.Tensor, prefix_lens: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """Which cache rows each tree node may attend to, as a boolean [B, N, kv_len] mask.
-
-    Parameters
-    ----------
-    visibility : int64 [B, N, ceil(N / 64)]
-        ``Tree.visibility``: bit j of row i is set iff node j is an ancestor of node i or i.
-    prefix_lens : int [B]
-        The tree rows of sequence b sit at cache rows ``prefix_lens[b] + j``.
-    kv_len : int
-        Cache rows to cover.
-
-    Returns
-    -------
-    bool tensor [B, N, kv_len]
-        True for every prefix row and for the tree rows of visible nodes; False elsewhere (rows
-        past the tree, invisible nodes). No host synchronisation, so it can be graph-captured.
-    """
-    B, N, _ = visibility.shape
-    dev = visibility.device
-    bits = (visibility[..., None] >> torch.arange(64, device=dev)) & 1          # [B, N, W, 64]
-    bits = bits.reshape(B, N, -1)[:, :, :N].bool()                              # [B, N, N]
-    j = torch.arange(kv_len, device=dev)[None, :] - prefix_lens.long()[:, None]  # tree index [B, S]
-    in_tree = (j >= 0) & (j < N)
-    seen = torch.gather(bits, 2, j.clamp(0, N - 1)[:, None, :].expand(B, N, kv_len))
-    return (j < 0)[:, None, :] | (in_tree[:, None, :] & seen)
+from kdtree.tree import Tree, visibility_mask
 
 
 def latent_attention(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor, scale: float,
