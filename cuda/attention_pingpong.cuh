@@ -8,6 +8,7 @@
 #define KDTREE_ATTENTION_PINGPONG_CUH
 
 #include "attention_tile.cuh"
+#include "attention_trace.cuh"
 #include "attention_wgmma.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -148,14 +149,17 @@ __device__ __forceinline__ void pp_row_sums(float l_lo, float l_hi, float* sRed,
 }
 
 // The consumer warpgroups' end in the TMA kernels: both warpgroups' row sums into sRed, named
-// barrier `nb` (256 threads: the sums and the final sM visible), then O and lse stored.
+// barrier `nb` (256 threads: the sums and the final sM visible), then O and lse stored. The trace
+// records the barrier passed and O's stores issued.
 __device__ __forceinline__ void pp_consumers_end(const float (&o)[128], float l_lo, float l_hi, att_bf16* out,
                                                  float* lse, att_bf16* o_part, float* lse_part, const FusedBlock& k,
                                                  int B, int slot0, float* sRed, const float* sM, int wg, int r_lo,
-                                                 int r_hi, int tig, int tid, int nb) {
+                                                 int r_hi, int tig, int tid, int nb, AttTrace& tr) {
   pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_hi, tig);
   nb_sync(nb, 256);  // both partial sums and the final sM
+  att_trace_rec(tr, ATT_EV_EPI_SYNC, -1);
   fused_store_o_half(o, out, o_part, k, B, slot0, r_lo, wg, tig, sRed);
+  att_trace_rec(tr, ATT_EV_O_STORED, -1);
   fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sM, tid);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

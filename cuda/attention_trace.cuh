@@ -29,6 +29,8 @@
 #define ATT_EV_LANDED 13      // watcher: tile i's full barrier completed
 #define ATT_EV_MASKED 14      // owner: S scaled, masked, row maxima taken
 #define ATT_EV_ENTRY 15       // the thread's first instruction (pair); tile field = globaltimer ns low 32 bits
+#define ATT_EV_EPI_SYNC 16    // epilogue: both warpgroups' row sums in (its block barrier passed)
+#define ATT_EV_O_STORED 17    // epilogue: O's stores issued
 
 #if defined(ATT_TRACE)
 #define ATT_TRACE_BLOCKS 8

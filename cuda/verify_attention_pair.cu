@@ -370,7 +370,7 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
     }
   }
   pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
-                   PAIR_NB_ALL);
+                   PAIR_NB_ALL, tr);
   att_trace_rec(tr, ATT_EV_END, n);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

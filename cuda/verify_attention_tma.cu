@@ -209,7 +209,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
     }
 
     pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
-                     TMA_NB_CONSUMERS);
+                     TMA_NB_CONSUMERS, tr);
     att_trace_rec(tr, ATT_EV_END, n);
   }
 }

@@ -227,8 +227,9 @@ def _by_event(recs) -> dict[tuple[str, int], list[int]]:
 def trace_ends(npz: str) -> str:
     """A traced verify kernel's block ends (``scripts/trace_attention.py``'s records): per traced
     block, from its trace start to its first tile landed and to its first S issued, from there to
-    its last P V done (its tiles), and from its last P V done to its end (us; medians over the
-    blocks, min and max)."""
+    its last P V done (its tiles), and from its last P V done to its end, split at the epilogue's
+    barrier and O's stores where the trace records them (us; medians over the blocks, min and
+    max)."""
     blocks, mhz = _trace(npz)
     ends = []
     for roles in blocks:
@@ -241,6 +242,10 @@ def trace_ends(npz: str) -> str:
         row = {"start -> tile 0 landed": min(at[("landed", 0)]) - t0, "start -> S(0) issued": min(at[("s_issued", 0)]) - t0,
                "S(0) issued -> last P V done (the tiles)": max(clocks("pv_done")) - min(at[("s_issued", 0)]),
                "last P V done -> end": max(clocks("end")) - max(clocks("pv_done"))}
+        if clocks("epi_sync"):  # (traces from the epilogue records on: its block barrier, O's stores issued)
+            row |= {"last P V done -> both row sums in": max(clocks("epi_sync")) - max(clocks("pv_done")),
+                    "both row sums in -> O stores issued": max(clocks("o_stored")) - max(clocks("epi_sync")),
+                    "O stores issued -> end": max(clocks("end")) - max(clocks("o_stored"))}
         if clocks("entry"):  # (pair traces from 12ea8b5 on: the kernel's first instruction)
             row = {"entry -> start (prologue, Q landed)": t0 - min(clocks("entry"))} | row | {
                 "entry -> end (the block's life)": max(clocks("end")) - min(clocks("entry"))}

@@ -34,7 +34,7 @@ from kdtree.bench.attention_sweep import SCALE, check, make_sets
 from kdtree.bench.timing import L2Flush, time_graph
 
 EV = ["start", "full_wait", "s_issued", "s_done", "free_wait", "pub", "pub_wait", "pv_issued", "pv_done",
-      "empty", "end", "empty_wait", "tma_issued", "landed", "masked", "entry"]
+      "empty", "end", "empty_wait", "tma_issued", "landed", "masked", "entry", "epi_sync", "o_stored"]
 ROLES = ["wg0", "wg1", "producer", "watcher"]
 BLOCKS, N_REC = 8, 2048   # ATT_TRACE_BLOCKS, ATT_TRACE_N in cuda/attention_trace.cuh
 EXTRA = dict(kv.split("=", 1) for kv in os.environ.get("DEFINES", "").split(",") if kv)
