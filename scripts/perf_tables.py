@@ -234,6 +234,8 @@ def trace_ends(npz: str) -> str:
     ends = []
     for roles in blocks:
         at = _by_event(r for recs in roles.values() for r in recs)
+        if not at:  # a traced block id past the grid (ATT_TRACE_FIRST too large) records nothing
+            continue
         def clocks(event, at=at):  # every record of the event, whatever its tile field
             return [c for (ev, _), cs in at.items() if ev == event for c in cs]
 
@@ -250,6 +252,8 @@ def trace_ends(npz: str) -> str:
             row = {"entry -> start (prologue, Q landed)": t0 - min(clocks("entry"))} | row | {
                 "entry -> end (the block's life)": max(clocks("end")) - min(clocks("entry"))}
         ends.append(row)
+    if not ends:
+        raise SystemExit(f"trace-ends: {npz} holds no traced block (was ATT_TRACE_FIRST past the grid?)")
     e = pd.DataFrame(ends) / mhz
     out = [f"From `{npz}` ({len(e)} traced blocks, {mhz:.0f} MHz):", "", "| interval | median us | min | max |",
            "|---|---|---|---|"]

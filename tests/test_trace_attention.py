@@ -276,3 +276,25 @@ def test_the_pair_kernel_leaves_the_l2_and_the_crossbar_mostly_idle():
     assert max(value("L2 throughput (% of peak)")) < 50
     assert max(value("L2 -> SM (% of the crossbar's peak)")) < 20
     assert all(30 < 100 - v < 45 for v in value("tensor pipe active (% of active cycles)"))
+
+
+EPILOGUE = ROOT / "results" / "verify_attention_trace_h100" / "epilogue_606ba82"
+
+
+def test_the_epilogue_split_covers_the_blocks_end_and_the_stores_take_most_of_it():
+    """trace-ends splits each block's end at the epilogue's barrier and at O's stores issued: the
+    three parts add up to the whole end (medians of sums equal sums of medians only loosely, so per
+    block), and at B = 16, N = 129, H = 64, P = 1024 issuing O's stores is most of it, the barrier a
+    tenth of a microsecond or two (the perf log's reading)."""
+    blocks = TRACE["parse_records"](np.load(EPILOGUE / "trace_pair_16_129_64_1024.npz")["raw"])
+    assert len(blocks) == TRACE["BLOCKS"]
+    for roles in blocks:
+        clk = {}
+        for recs in roles.values():
+            for c, ev, _ in recs:
+                clk.setdefault(ev, []).append(c)
+        end, pv, sync, stored = max(clk["end"]), max(clk["pv_done"]), max(clk["epi_sync"]), max(clk["o_stored"])
+        assert pv < sync < stored < end
+        assert stored - sync > 0.6 * (end - pv) and sync - pv < 0.2 * (end - pv)
+    table = PERF_TABLES["trace_ends"](str(EPILOGUE / "trace_pair_16_129_64_1024.npz"))
+    assert "both row sums in -> O stores issued" in table and "O stores issued -> end" in table
