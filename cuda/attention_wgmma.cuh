@@ -162,6 +162,18 @@ __device__ __forceinline__ void tma_load_2d(att_u32 dst, const AttTensorMap* map
       ::"r"(dst), "l"(reinterpret_cast<att_u64>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
+// Copy engine: shared memory at src (laid out with the map's swizzle) written to the box at (column
+// x, row y, matrix z) of a 3D tensor map; elements outside the tensor are not written. Part of
+// this thread's open bulk group (tma_store_commit_wait_read).
+__device__ __forceinline__ void tma_store_3d(const AttTensorMap* map, att_u32 src, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+               ::"l"(reinterpret_cast<att_u64>(map)), "r"(x), "r"(y), "r"(z), "r"(src) : "memory");
+}
+// Close this thread's bulk group and wait until its stores have read their shared memory (which
+// may then be reused, or the block end; the global writes complete on their own).
+__device__ __forceinline__ void tma_store_commit_wait_read() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 // Register budget of the calling warpgroup (all its threads, a multiple of 8 in 24..256).
 template <int REGS>
 __device__ __forceinline__ void regs_inc() {

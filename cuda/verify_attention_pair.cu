@@ -163,7 +163,36 @@ __device__ __forceinline__ void pair_load_rope(att_u32 (&qr)[4][4], att_u32 sQ, 
                     qr[t][2], qr[t][3]);
 }
 
-__device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTensorMap* qmap,
+// O, normalised, through shared memory (the 64 KB of KV stage 0, free once every product is done)
+// and the copy engine: each thread writes its bf16 pairs into eight 64 x 64 boxes laid out as
+// `omap`'s swizzle wants (conflict-free: a warp's 32 lanes hit 32 banks), the block synchronises,
+// and thread 0 stores the boxes to matrix z, rows g0.. (rows past the sequence's N H are outside
+// the map and not written) and waits until they have been read. Stored with one 16-byte store per
+// 8 values by every thread instead, the same O took 1.8-2 us of a block's end (traced, H100).
+__device__ __forceinline__ void pair_store_o(const float (&o)[128], const AttTensorMap* omap, att_u32 sStage,
+                                             const FusedBlock& k, int z, int r_lo, int wg, int tig, const float* sSum,
+                                             int tid) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = r_lo + 8 * half;
+    const float l = sSum[r] + sSum[FUSED_BM + r];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j)  // columns 256 wg + 8 j + 2 tig, + 1: 16-byte chunk 32 wg + j, bytes 4 tig
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sStage + fused_off(r, 32 * wg + j, FUSED_BM) + 4 * tig),
+                   "r"(att_pack_bf16x2(o[4 * j + 2 * half] * inv, o[4 * j + 2 * half + 1] * inv))
+                   : "memory");
+  }
+  att_fence_proxy_async();
+  nb_sync(PAIR_NB_ALL, PAIR_THREADS);  // every box written
+  if (tid == 0) {
+    for (int bx = 0; bx < ATT_D_V / 64; ++bx) tma_store_3d(omap, sStage + bx * PAIR_BOX_BYTES, 64 * bx, k.g0, z);
+    tma_store_commit_wait_read();
+  }
+}
+
+__device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTensorMap* qmap, const AttTensorMap* omap,
+                                          const AttTensorMap* pmap,
                                           const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                           att_bf16* __restrict__ out, float* __restrict__ lse,
                                           att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
@@ -369,22 +398,33 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       att_trace_rec(tr, ATT_EV_S_DONE, a + 3);
     }
   }
-  pp_consumers_end(o, l_lo, l_hi, out, lse, o_part, lse_part, k, B, slot0, sRed, sM, wg, r_lo, r_hi, tig, tid,
-                   PAIR_NB_ALL, tr);
+  pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_hi, tig);
+  nb_sync(PAIR_NB_ALL, PAIR_THREADS);  // both partial sums and the final sM; every product done
+  att_trace_rec(tr, ATT_EV_EPI_SYNC, -1);
+  if (o_part == nullptr)
+    pair_store_o(o, omap, sKV, k, k.b, r_lo, wg, tig, sRed, tid);
+  else
+    pair_store_o(o, pmap, sKV, k, (slot0 + k.split) * B + k.b, r_lo, wg, tig, sRed, tid);
+  att_trace_rec(tr, ATT_EV_O_STORED, -1);
+  fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sM, tid);
   att_trace_rec(tr, ATT_EV_END, n);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // kv and q are read only through `map` and `qmap` (the [B N H, 576] rows of q, 64 x 64 boxes like
-// the kv map's); the pointers stay for the common launch protocol.
+// the kv map's), and O written only through `omap` (out as B matrices of [N H, 512]) or, with split
+// partials, `pmap` (o_part as slots x B such matrices); the pointers stay for the common launch
+// protocol.
 extern "C" __global__ void __launch_bounds__(PAIR_THREADS, 1)
     verify_fused_pair(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                       const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                       att_bf16* __restrict__ out, float* __restrict__ lse, att_bf16* __restrict__ o_part,
                       float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
                       int mode, float scale_log2, const __grid_constant__ AttTensorMap map,
-                      const __grid_constant__ AttTensorMap qmap) {
+                      const __grid_constant__ AttTensorMap qmap, const __grid_constant__ AttTensorMap omap,
+                      const __grid_constant__ AttTensorMap pmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  pair_body(&map, &qmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode, scale_log2);
+  pair_body(&map, &qmap, &omap, &pmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode,
+            scale_log2);
 #endif
 }

@@ -323,8 +323,15 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
         fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_PAIR if pair else _SRC_TMA, "nvcc")
         args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK,
                                                           _FUSED_BN, 64))
-        if pair:  # pair also loads Q with the copy engine: q's [B N H, 576] rows, the same boxes
+        if pair:  # pair also loads Q with the copy engine (q's [B N H, 576] rows, the same boxes) and stores O
+            # with it: out as B matrices of [N H, 512], o_part as slots x B (boxes past N H rows unwritten)
             args += (bf16_matrix_map(q.data_ptr(), B * N * H, D_QK, 2 * D_QK, _FUSED_BM, 64),)
+            omap = bf16_matrix_map(out.data_ptr(), N * H, D_V, 2 * D_V, _FUSED_BM, 64, depth=B,
+                                   depth_stride_bytes=2 * D_V * N * H)
+            pmap = omap if o_part is None else bf16_matrix_map(
+                o_part.data_ptr(), N * H, D_V, 2 * D_V, _FUSED_BM, 64, depth=o_part.shape[0] * B,
+                depth_stride_bytes=2 * D_V * N * H)
+            args += (omap, pmap)
         launch(fn, grid, (_FUSED_THREADS if pair else _TMA_THREADS,), args,
                shared_mem=_PAIR_SMEM if pair else _TMA_SMEM, device=q.device)
         return

@@ -47,8 +47,9 @@ def _aligned_map_buffer() -> np.ndarray:
 
 
 def bf16_matrix_map(address: int, rows: int, cols: int, row_stride_bytes: int, box_rows: int, box_cols: int,
-                    *, encode=None) -> np.ndarray:
-    """The tensor map of a row-major bf16 matrix for TMA loads of ``box_rows x box_cols`` boxes.
+                    *, depth: int = 0, depth_stride_bytes: int = 0, encode=None) -> np.ndarray:
+    """The tensor map of a row-major bf16 matrix for TMA loads of ``box_rows x box_cols`` boxes
+    (or, with ``depth``, of ``depth`` such matrices, for boxes that stay within one of them).
 
     Boxes land in shared memory with the 128-byte swizzle (16-byte chunk c of box row r at chunk
     ``c ^ (r % 8)``: the K-major SW128 layout wgmma descriptors read); elements outside the
@@ -65,6 +66,11 @@ def bf16_matrix_map(address: int, rows: int, cols: int, row_stride_bytes: int, b
     box_rows, box_cols : int
         The box: at most 256 rows, ``box_cols`` x 2 bytes at most 128 (the swizzle span) and a
         multiple of 16 bytes.
+    depth, depth_stride_bytes : int, optional
+        A third dimension (rank 3, boxes one matrix deep): ``depth`` matrices, the next one
+        ``depth_stride_bytes`` on (a multiple of 16, at least ``rows`` x ``row_stride_bytes``).
+        A box's rows past ``rows`` then fall outside the tensor (a bulk store skips them) instead of
+        reaching into the next matrix. 0 (default): rank 2.
     encode : callable, optional
         Stand-in for the driver's ``cuTensorMapEncodeTiled`` (tests); called with the same
         arguments, it returns a CUresult (0 for success) and fills the map.
@@ -91,16 +97,20 @@ def bf16_matrix_map(address: int, rows: int, cols: int, row_stride_bytes: int, b
         raise ValueError(f"box_rows: expected 1 .. 256, got {box_rows}")
     if not (0 < 2 * box_cols <= 128 and (2 * box_cols) % 16 == 0):
         raise ValueError(f"box_cols: expected a multiple of 8 up to 64 (128-byte swizzle), got {box_cols}")
+    if depth and (not 0 < depth <= 1 << 32 or depth_stride_bytes % 16 or depth_stride_bytes < rows * row_stride_bytes):
+        raise ValueError(f"depth, depth_stride_bytes: expected 1 .. 2^32 matrices, a multiple of 16 bytes of at least "
+                         f"{rows * row_stride_bytes} apart, got {depth} x {depth_stride_bytes}")
+    rank = 3 if depth else 2
     out = _aligned_map_buffer()
-    dims = (ctypes.c_uint64 * 2)(cols, rows)
-    strides = (ctypes.c_uint64 * 1)(row_stride_bytes)
-    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
-    elem_strides = (ctypes.c_uint32 * 2)(1, 1)
+    dims = (ctypes.c_uint64 * rank)(cols, rows, *(depth,) * (rank - 2))
+    strides = (ctypes.c_uint64 * (rank - 1))(row_stride_bytes, *(depth_stride_bytes,) * (rank - 2))
+    box = (ctypes.c_uint32 * rank)(box_cols, box_rows, *(1,) * (rank - 2))
+    elem_strides = (ctypes.c_uint32 * rank)(*(1,) * rank)
     fn = encode or _driver_encode()
-    res = fn(out.ctypes.data, _BF16, 2, address, ctypes.addressof(dims), ctypes.addressof(strides),
+    res = fn(out.ctypes.data, _BF16, rank, address, ctypes.addressof(dims), ctypes.addressof(strides),
              ctypes.addressof(box), ctypes.addressof(elem_strides), _INTERLEAVE_NONE, _SWIZZLE_128B,
              _L2_PROMOTION_256B, _OOB_FILL_ZERO)
     if res != 0:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {res}) for a {rows} x {cols} bf16 matrix "
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {res}) for {depth or 1} x {rows} x {cols} bf16 "
                            f"at {address:#x}, row stride {row_stride_bytes} B, box {box_rows} x {box_cols}")
     return out

@@ -245,6 +245,28 @@ def test_tensor_map_arguments_and_by_value_buffer():
     assert seen["box"] == (64, 64) and seen["elem"] == (1, 1) and seen["modes"] == (0, 3, 3, 0)
 
 
+def test_tensor_map_of_stacked_matrices_for_the_output_stores():
+    """With ``depth`` the map has rank 3 (the pair kernel's O map: B matrices of [N H, 512], boxes
+    one matrix deep), so a box's rows past N H fall outside the tensor instead of into the next
+    sequence's rows; a depth stride shorter than a matrix is refused before anything is encoded."""
+    seen = {}
+
+    def encode(dst, dtype, rank, addr, dims, strides, box, elem, interleave, swizzle, l2, oob):
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        seen.update(rank=rank, dims=tuple((u64 * rank).from_address(dims)),
+                    strides=tuple((u64 * (rank - 1)).from_address(strides)), box=tuple((u32 * rank).from_address(box)),
+                    elem=tuple((u32 * rank).from_address(elem)))
+        return 0
+
+    bf16_matrix_map(0x7F0000001000, 33 * 8, D_V, 2 * D_V, 64, 64, depth=5, depth_stride_bytes=2 * D_V * 33 * 8,
+                    encode=encode)
+    assert seen == dict(rank=3, dims=(D_V, 33 * 8, 5), strides=(2 * D_V, 2 * D_V * 33 * 8), box=(64, 64, 1),
+                        elem=(1, 1, 1))
+    with pytest.raises(ValueError, match="depth, depth_stride_bytes: expected"):
+        bf16_matrix_map(0x1000, 33 * 8, D_V, 2 * D_V, 64, 64, depth=5, depth_stride_bytes=2 * D_V * 33 * 8 - 16,
+                        encode=lambda *a: pytest.fail("encoded a bad map"))
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(address=0x1008), "address: expected a multiple of 16"),
     (dict(row_stride_bytes=1000), "row_stride_bytes: expected a multiple of 16"),
