@@ -167,8 +167,9 @@ __device__ __forceinline__ void pair_load_rope(att_u32 (&qr)[4][4], att_u32 sQ, 
 // and the copy engine: each thread writes its bf16 pairs into eight 64 x 64 boxes laid out as
 // `omap`'s swizzle wants (conflict-free: a warp's 32 lanes hit 32 banks), the block synchronises,
 // and thread 0 stores the boxes to matrix z, rows g0.. (rows past the sequence's N H are outside
-// the map and not written) and waits until they have been read. Stored with one 16-byte store per
-// 8 values by every thread instead, the same O took 1.8-2 us of a block's end (traced, H100).
+// the map and not written) and waits until they have been read. The block's end is then bound by
+// the 64 KB leaving the SM, as it was with a 16-byte store per 8 values from every thread; what
+// the bulk stores save is those stores' issue (docs/perf_log.md, session 29).
 __device__ __forceinline__ void pair_store_o(const float (&o)[128], const AttTensorMap* omap, att_u32 sStage,
                                              const FusedBlock& k, int z, int r_lo, int wg, int tig, const float* sSum,
                                              int tid) {
