@@ -310,6 +310,13 @@ __device__ __forceinline__ void att_quad_transpose(att_u32 (&w)[4], int tig) {
 // writing twice the bytes as fp32 partials (docs/perf_log.md, session 18). So each quad transposes
 // its words over j = 4 m .. 4 m + 3 and lane tig stores j = 4 m + tig's 16 bytes: 64 contiguous
 // bytes a row per instruction.
+// 1 / (row r's sum over both column groups, sSum[r] + sSum[BM + r]), or 0 for a row that saw no
+// key: what the row's O is multiplied by before it is stored.
+__device__ __forceinline__ float fused_row_inv_sum(const float* sSum, int r) {
+  const float l = sSum[r] + sSum[FUSED_BM + r];
+  return l > 0.f ? 1.f / l : 0.f;
+}
+
 __device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf16* out, att_bf16* o_part,
                                                    const FusedBlock& k, int B, int slot0, int r_lo, int wg,
                                                    int tig, const float* sSum) {
@@ -320,8 +327,7 @@ __device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf
   for (int half = 0; half < 2; ++half) {
     const int r = r_lo + 8 * half;
     const bool valid = k.g0 + r < k.NH;
-    const float l = sSum[r] + sSum[FUSED_BM + r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = fused_row_inv_sum(sSum, r);
     att_bf16* row = seq + (size_t)(k.g0 + r) * ATT_D_V + 256 * wg;
 #pragma unroll
     for (int m = 0; m < 8; ++m) {  // (the shuffles run on every lane; only the stores skip padding rows)

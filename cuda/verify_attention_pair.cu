@@ -176,8 +176,7 @@ __device__ __forceinline__ void pair_store_o(const float (&o)[128], const AttTen
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = r_lo + 8 * half;
-    const float l = sSum[r] + sSum[FUSED_BM + r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = fused_row_inv_sum(sSum, r);
 #pragma unroll
     for (int j = 0; j < 32; ++j)  // columns 256 wg + 8 j + 2 tig, + 1: 16-byte chunk 32 wg + j, bytes 4 tig
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sStage + fused_off(r, 32 * wg + j, FUSED_BM) + 4 * tig),
