@@ -97,6 +97,17 @@ _SPLIT_ROW_WEIGHT = D_V * 4 + 4
 _LOG2E = 1.4426950408889634
 
 
+def _check_aligned(name: str, t: torch.Tensor) -> None:
+    """``t`` starts at a 16-byte aligned address. The kernels move q, kv and out in 16-byte
+    vectors or through tensor maps (which need it); a fresh tensor always is, a view that starts
+    mid-row (``buf[..., 1:]`` made contiguous by its shape) may not be. Checked for every variant,
+    so that a call that passes on one device passes on all."""
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name}: expected a tensor starting at a 16-byte aligned address, got "
+                         f"{t.data_ptr():#x} (a view at offset {t.storage_offset()}; pass a fresh tensor "
+                         f"or .clone())")
+
+
 def _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out):
     """Raise TypeError/ValueError naming the bad argument; nothing has run yet."""
     check_tensor("q", q, (torch.bfloat16,), 4)
@@ -110,7 +121,9 @@ def _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out):
         raise ValueError(f"q: tree nodes N={N} out of range 1..{MAX_NODES}")
     if B < 1:
         raise ValueError("q: empty batch")
+    _check_aligned("q", q)
     check_tensor("kv", kv, (torch.bfloat16,), 3, dev)
+    _check_aligned("kv", kv)
     if kv.shape[0] != B or kv.shape[2] != D_QK:
         raise ValueError(f"kv: expected shape [{B}, S, {D_QK}], got {tuple(kv.shape)}")
     S = kv.shape[1]
@@ -141,6 +154,7 @@ def _validate(q, kv, prefix_lens, tree, scale, variant, check_values, out):
         check_tensor("out[1]", out[1], (torch.float32,), 3, dev)
         if tuple(out[0].shape) != (B, N, H, D_V) or tuple(out[1].shape) != (B, N, H):
             raise ValueError(f"out: expected shapes [{B}, {N}, {H}, {D_V}] and [{B}, {N}, {H}]")
+        _check_aligned("out[0]", out[0])
     capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if check_values and not capturing:
         lo, hi = int(prefix_lens.min()), int(prefix_lens.max())

@@ -132,6 +132,15 @@ def _tree_with_vis(tree, vis):
     return Tree(tree.tokens, tree.parents, tree.depth, tree.num_nodes, vis, tree.draft_depth)
 
 
+def _shifted(t):
+    """A contiguous view of ``t``'s values one element (2 bytes) into a fresh buffer."""
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    v = buf[1:].view(t.shape)
+    v.copy_(t)
+    assert v.is_contiguous() and v.data_ptr() % 16 == 2
+    return v
+
+
 BAD = {
     "q dtype": (lambda q, kv, pl, t: (q.float(), kv, pl, t), TypeError, "q: expected dtype"),
     "q not a tensor": (lambda q, kv, pl, t: ([1], kv, pl, t), TypeError, "q: expected a torch.Tensor"),
@@ -139,6 +148,8 @@ BAD = {
     "q width": (lambda q, kv, pl, t: (q[..., :512].contiguous(), kv, pl, t), ValueError, "q: expected last dimension"),
     "q heads": (lambda q, kv, pl, t: (torch.cat([q, q[:, :, :4]], 2), kv, pl, t), ValueError, "unsupported number of heads"),
     "q noncontig": (lambda q, kv, pl, t: (q.transpose(1, 2).contiguous().transpose(1, 2), kv, pl, t), ValueError, "q: expected a contiguous"),
+    "q unaligned": (lambda q, kv, pl, t: (_shifted(q), kv, pl, t), ValueError, "q: expected a tensor starting at a 16-byte"),
+    "kv unaligned": (lambda q, kv, pl, t: (q, _shifted(kv), pl, t), ValueError, "kv: expected a tensor starting at a 16-byte"),
     "kv dtype": (lambda q, kv, pl, t: (q, kv.half(), pl, t), TypeError, "kv: expected dtype"),
     "kv batch": (lambda q, kv, pl, t: (q, kv[:1].contiguous(), pl, t), ValueError, "kv: expected shape"),
     "kv width": (lambda q, kv, pl, t: (q, kv[..., :512].contiguous(), pl, t), ValueError, "kv: expected shape"),
@@ -189,6 +200,15 @@ def test_out_shape_mismatch(gen):
     out = _poisoned(2, 9, 16, "cpu")
     with pytest.raises(ValueError, match="out: expected shapes"):
         verify_attention(q, kv, pl, tree, SCALE, out=out)
+
+
+def test_unaligned_out_raises_before_writing(gen):
+    q, kv, pl, tree = _good(gen)
+    out = _poisoned(*q.shape[:3], "cpu")
+    bad = (_shifted(out[0]), out[1])
+    with pytest.raises(ValueError, match=r"out\[0\]: expected a tensor starting at a 16-byte"):
+        verify_attention(q, kv, pl, tree, SCALE, "torch", out=bad)
+    assert torch.isnan(bad[0].float()).all() and torch.isnan(out[1]).all()
 
 
 def test_choose_splits():
