@@ -26,7 +26,7 @@ import torch
 from kdtree.attention import (D_QK, D_V, _num_sms, _run_cuda, errors, launch_plan, random_parents,
                               reference_attention, verify_attention)
 from kdtree.bench.attention_sweep import _slice_tree, make_sets
-from kdtree.bench.timing import time_graph
+from kdtree.bench.timing import time_graphs
 from kdtree.tree import Tree
 
 SCALE = 1 / math.sqrt(192)
@@ -110,15 +110,24 @@ def check_config(refs, out) -> tuple[float, str]:
 
 def time_config(variant, tree, pl, sets, out, splits=None, impl=None, layout=None, reps=15, max_calls=8):
     """Graph-replay timing of a variant, rotating over the input sets inside the graph (cold L2)."""
-    it = iter(range(1 << 30))
+    return time_configs([(variant, impl)], tree, pl, sets, out, splits, layout, reps, max_calls)[0]
+
+
+def time_configs(configs, tree, pl, sets, out, splits=None, layout=None, reps=15, max_calls=8):
+    """``time_config`` of several (variant, impl) pairs, their replays alternating
+    (``kdtree.bench.timing.time_graphs``): the timings to compare, in order."""
     n_sets = len(sets)
 
-    def call():
-        q, kv = sets[next(it) % n_sets]
-        run_config(variant, tree, pl, q, kv, out, splits, impl, layout)
+    def caller(variant, impl):
+        it = iter(range(1 << 30))
 
-    return time_graph(call, reps=reps, calls_per_graph=n_sets * max(1, max_calls // n_sets), warmup=2 if reps > 5
-                      else 1, l2="cold")
+        def call():
+            q, kv = sets[next(it) % n_sets]
+            run_config(variant, tree, pl, q, kv, out, splits, impl, layout)
+        return call
+
+    return time_graphs([caller(v, i) for v, i in configs], reps=reps,
+                       calls_per_graph=n_sets * max(1, max_calls // n_sets), warmup=2 if reps > 5 else 1, l2="cold")
 
 
 def profile(shapes, kernels=(("wgmma", "rows_m"), ("wgmma", "rows_n"))) -> int:

@@ -5,8 +5,11 @@ Shapes: one GPU with H = 64 heads, N {9, 17, 33, 65, 129, 257, 513} x P {1024, 4
 32768} x B {1, 8, 64}. At each shape: fresh random inputs (a random tree with all N nodes real,
 every prefix P; input sets rotating over more than 2.5x the L2 where they fit, the L2 flushed
 before each replay: cold L2), every configuration checked against the float64 reference on the
-first and the last sequence, then timed under CUDA-graph replay (median and p20-p80 of per-call
-times; fewer repetitions and calls per graph for long calls). Variants: ``fused`` on the
+first and the last sequence, then timed under CUDA-graph replay, all of a shape's configurations together,
+their replays alternating (median and p20-p80 of per-call times; fewer repetitions and calls per
+graph for long calls). Timed one after the other on a power-capped GPU they compared SM clock
+states as much as kernels: the clock falls over seconds of heavy work (docs/perf_log.md, session
+30). Variants: ``fused`` on the
 default kernel (on sm_90a the one ``launch_plan`` picks for the launch, ``pair`` or ``tma_seq``;
 the column ``impl`` names it, ``default_impl`` the rule) and on each kernel (``fused_pair``,
 ``fused_tma_seq``, ``fused_tma``, ``fused_wgmma``, the first wgmma kernel, ``fused_mma``),
@@ -42,7 +45,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from attention_dev import (ceilings, check_config, cost, input_sets, references, run_config,  # noqa: E402
-                           time_config)
+                           time_configs)
 from kdtree.attention import D_V, _num_sms, default_impl, launch_plan  # noqa: E402
 
 H64 = [(B, N, 64, P) for N in (9, 17, 33, 65, 129, 257, 513) for P in (1024, 4096, 16384, 32768)
@@ -133,6 +136,7 @@ def main(argv=None) -> int:
             refs = references(tree, pl, *sets[0])
             est = flops / (0.4 * rate)  # seconds per fused call, roughly
             reps, max_calls = (10, 8) if est < 1e-3 else (5, 1) if est < 10e-3 else (3, 1)
+            jobs, pending = [], []   # checked configurations not yet timed, and their rows
             for label, variant, impl in CONFIGS:
                 plan = (launch_plan(variant, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms,
                                     impl=impl or auto) if variant != "torch" else None)
@@ -158,19 +162,24 @@ def main(argv=None) -> int:
                         ok = False
                         skip = wrong
                     else:
-                        tm = time_config(variant, tree, pl, sets, out, impl=impl, reps=reps, max_calls=max_calls)
-                        t = tm.median_us * 1e-6
-                        row.update(us=tm.median_us, p20=tm.p20_us, p80=tm.p80_us, tflops=flops / t / 1e12,
-                                   tbps=nbytes / t / 1e12, frac_bf16=flops / t / rate, frac_hbm=nbytes / t / bw,
-                                   frac_roof=max(floor_bf16, floor_hbm) / t, rel_err=worst, reps=tm.reps,
-                                   sm_clock_mhz=tm.sm_clock_mhz)
+                        row["rel_err"] = worst
+                        jobs.append((row, variant, impl))
                 row["skip"] = skip
-                rows.append(row)
+                pending.append(row)
+            if jobs:   # every checked configuration of the shape, their replays alternating
+                tms = time_configs([(v, i) for _, v, i in jobs], tree, pl, sets, out, reps=reps, max_calls=max_calls)
+                for (r, _, _), tm in zip(jobs, tms):
+                    t = tm.median_us * 1e-6
+                    r.update(us=tm.median_us, p20=tm.p20_us, p80=tm.p80_us, tflops=flops / t / 1e12,
+                             tbps=nbytes / t / 1e12, frac_bf16=flops / t / rate, frac_hbm=nbytes / t / bw,
+                             frac_roof=max(floor_bf16, floor_hbm) / t, reps=tm.reps, sm_clock_mhz=tm.sm_clock_mhz)
+            for r in pending:
+                rows.append(r)
                 if writer is None:
-                    writer = csv.DictWriter(f, fieldnames=list(row))
+                    writer = csv.DictWriter(f, fieldnames=list(r))
                     writer.writeheader()
-                writer.writerow(row)
-                f.flush()
+                writer.writerow(r)
+            f.flush()
             sets.clear()
             del refs, out
             torch.cuda.empty_cache()
@@ -180,7 +189,8 @@ def main(argv=None) -> int:
     meta_extra = dict(ceiling_hbm_bw=bw, ceiling_bf16_flops=rate, ceiling_bf16_clock_mhz=rate_mhz,
                       default_fused_impl=default,
                       timing="CUDA-graph replay, cold L2 (input sets rotating over > 2.5x L2 where at most 48 "
-                             "fit; L2 flushed before each replay), median and p20-p80 of per-call times",
+                             "fit; L2 flushed before each replay), a shape's configurations alternating, median "
+                             "and p20-p80 of per-call times",
                       naive_rule=f"run where predicted < {NAIVE_MAX_US:.0f} us",
                       torch_rule=f"run where predicted < {TORCH_MAX_US:.0f} us and one sequence's float32 "
                                  f"scores < {TORCH_MAX_BYTES >> 30} GiB",

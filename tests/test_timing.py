@@ -210,6 +210,34 @@ def test_a_graph_replay_is_timed_without_its_submission(monkeypatch):
 
 @pytest.mark.gpu
 @needs_gpu
+def test_graph_timings_of_several_calls_interleave_and_time_each_its_own(monkeypatch):
+    """``time_graphs`` replays its graphs in turn (repetition i of each before i + 1 of any) and
+    gives each graph its own times: a graph of large adds times above one of one-element adds,
+    whichever comes first, and the single-graph ``time_graph`` agrees with its own entry."""
+    small, big = torch.zeros(1, device="cuda"), torch.zeros(1 << 24, device="cuda")
+    order = []
+    real = timing._held_many
+
+    def spy(calls, *a, **k):
+        def tagged(j, call):
+            def run():
+                order.append(j)
+                call()
+            return run
+        return real([tagged(j, c) for j, c in enumerate(calls)], *a, **k)
+
+    monkeypatch.setattr(timing, "_held_many", spy)
+    t_big, t_small = timing.time_graphs([lambda: big.add_(1), lambda: small.add_(1)], reps=6, calls_per_graph=2)
+    # hold_cycles_for replays each call a few times first, then the 6 rounds alternate.
+    assert order[-12:] == [0, 1] * 6, order
+    assert t_big.reps == t_small.reps == 6 and t_big.mode == t_small.mode == "graph"
+    assert t_big.median_us > 2 * t_small.median_us, (t_big, t_small)
+    t_small2, t_big2 = timing.time_graphs([lambda: small.add_(1), lambda: big.add_(1)], reps=6, calls_per_graph=2)
+    assert t_big2.median_us > 2 * t_small2.median_us, (t_big2, t_small2)
+
+
+@pytest.mark.gpu
+@needs_gpu
 def test_a_held_eager_call_is_timed_without_its_dispatch():
     """Behind ``hold_device`` an eager one-element add times below the same add timed by
     ``time_events`` from an idle GPU, whose span includes the host's dispatch of the launch."""

@@ -513,23 +513,33 @@ def _held(call: Callable[[], object], reps: int, l2: str, mode: str, per_call: i
     """``reps`` timings of ``call`` (already warm), each queued behind a :func:`hold_device` sized
     by :func:`hold_cycles_for` (``l2="cold"``: the L2 flushed before each hold), divided by the
     ``per_call`` calls it makes; summarised with the clocks sampled while it ran."""
+    return _held_many([call], reps, l2, mode, per_call)[0]
+
+
+def _held_many(calls: Sequence[Callable[[], object]], reps: int, l2: str, mode: str,
+               per_call: int = 1) -> list[Timing]:
+    """:func:`_held` for several calls in turn: repetition i of every call before repetition
+    i + 1 of any, so that each call's samples span the same stretch of time (and of SM clocks:
+    under a power cap the clock falls over seconds, and calls timed one after the other
+    compared clock states, not calls). Every timing carries the clocks sampled over all of them."""
     flush = L2Flush() if l2 == "cold" else None
-    hold = hold_cycles_for(call)
-    samples = []
+    holds = [hold_cycles_for(call) for call in calls]
+    samples: list[list[float]] = [[] for _ in calls]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with ClockSampler() as clocks:
         for i in range(reps):
-            if flush is not None:
-                flush()
-            hold_device(hold)
-            start.record()
-            call()
-            end.record()
-            if i in (0, reps - 1):   # the call is queued or running: a busy-clock sample
-                clocks.sample()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / per_call)
-    return summarize(samples, mode, l2, clocks)
+            for j, call in enumerate(calls):
+                if flush is not None:
+                    flush()
+                hold_device(holds[j])
+                start.record()
+                call()
+                end.record()
+                if i in (0, reps - 1):   # the call is queued or running: a busy-clock sample
+                    clocks.sample()
+                end.synchronize()
+                samples[j].append(start.elapsed_time(end) * 1e3 / per_call)
+    return [summarize(s, mode, l2, clocks) for s in samples]
 
 
 def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int = 20,
@@ -546,16 +556,30 @@ def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int
     the same sweep.) ``l2="cold"`` flushes the L2 before each replay, which only makes the
     first call of the graph cold: use it with ``calls_per_graph=1``.
     """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
+    return time_graphs([fn], reps=reps, calls_per_graph=calls_per_graph, warmup=warmup, l2=l2)[0]
+
+
+def time_graphs(fns: Sequence[Callable[[], object]], *, reps: int = 50, calls_per_graph: int = 20,
+                warmup: int = 3, l2: str = "warm") -> list[Timing]:
+    """:func:`time_graph` of several calls, their replays interleaved (:func:`_held_many`): one
+    timing per call, in order. Use it where calls are compared: timed one after the other on
+    an H100 under its power cap, the same kernel's per-call time moved 5% between the first and
+    the second half of 150 calls as the SM clock fell (``scripts/mode_probe.py``), and a
+    verify grid that timed them one after the other had ``fused`` slower than ``cascade`` at 5
+    shapes where alternating calls had it 1-3% faster at each (docs/perf_log.md, session 30)."""
+    graphs = []
+    for fn in fns:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls_per_graph):
+                fn()
         for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls_per_graph):
-            fn()
-    for _ in range(warmup):
-        graph.replay()
-    return _held(graph.replay, reps, l2, "graph", calls_per_graph)
+            graph.replay()
+        graphs.append(graph)
+    return _held_many([g.replay for g in graphs], reps, l2, "graph", calls_per_graph)
