@@ -11,6 +11,7 @@
     python scripts/perf_tables.py splits-ab results/splits_ab_h200/6560d1c/splits.csv
     python scripts/perf_tables.py impl-vs results/verify_table_h200/275852a
     python scripts/perf_tables.py grid-diff results/verify_table_h200/b7b0c86 results/verify_table_h200/a2e2347
+    python scripts/perf_tables.py mode-probe results/mode_probe_h100/b7ddb06/modes.csv
     python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
@@ -78,6 +79,9 @@ moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py`
 blocks but its last, its last block (the finaliser), the permutation, each grouped GEMM's working
 routed blocks (from their median wait's return to the last one's end) and all its blocks, the
 combine; for a ``HANDOFF=1`` trace first the gap from the previous call's combine.
+
+mode-probe: ``scripts/mode_probe.py``'s CSV: per shape and configuration the per-call times, split
+by the SM clock read beside each call, and the calls held down by the power cap.
 """
 from __future__ import annotations
 
@@ -607,13 +611,35 @@ def split_cost(csv: str) -> str:
     return "\n".join(out)
 
 
+def mode_probe(csv: str) -> str:
+    """``scripts/mode_probe.py``'s CSV (one row per call, the configurations alternating): per
+    shape and configuration the median and p20-p80 of the calls, then split by the SM clock read
+    beside each call (at the shape's highest reading, within 15 MHz, or below it), and how many
+    calls the driver held down for its power cap."""
+    d = pd.read_csv(csv)
+    col = "config" if "config" in d else "variant"
+    out = [f"From `{csv}` ({d.call.max() + 1} calls of each configuration, alternating; one-call graphs, L2 "
+           "flushed; SM clock read through NVML beside each call):", "",
+           "| B, N, H, P | configuration | median us (p20-p80) | at the top clock: calls, median us | "
+           "below it: calls, median us | power-capped calls |", "|---|---|---|---|---|---|"]
+    for shape, g in d.groupby("shape", sort=False):
+        top = g.sm_mhz.max()
+        for c, h in g.groupby(col, sort=False):
+            hi, lo = h[h.sm_mhz >= top - 15].us, h[h.sm_mhz < top - 15].us
+            cell = (lambda x: f"{len(x)}, {x.median():.1f}" if len(x) else "0, -")
+            out.append(f"| {shape.replace(',', ', ')} | `{c}` | {h.us.median():.1f} ({h.us.quantile(0.2):.1f}-"
+                       f"{h.us.quantile(0.8):.1f}) | {cell(hi)} (top {top} MHz) | {cell(lo)} | "
+                       f"{int((h.reasons & 0x4 > 0).sum())} |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
              "pair-steady": pair_steady, "ncu-details": ncu_details,
-             "grid-diff": grid_diff}
+             "grid-diff": grid_diff, "mode-probe": mode_probe}
     two = {"grid-diff"}   # kinds that read two runs
     if len(sys.argv) < 3 or sys.argv[1] not in kinds or len(sys.argv) != 3 + (sys.argv[1] in two):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff: OLD_RUN NEW_RUN)")

@@ -298,3 +298,32 @@ def test_the_epilogue_split_covers_the_blocks_end_and_the_stores_take_most_of_it
         assert stored - sync > 0.6 * (end - pv) and sync - pv < 0.2 * (end - pv)
     table = PERF_TABLES["trace_ends"](str(EPILOGUE / "trace_pair_16_129_64_1024.npz"))
     assert "both row sums in -> O stores issued" in table and "O stores issued -> end" in table
+
+
+MODES = ROOT / "results" / "mode_probe_h100" / "b7ddb06"
+
+
+def test_per_call_times_follow_the_power_capped_clock_and_fused_beats_cascade_at_either():
+    """The mode probe (H100, b7ddb06; docs/perf_log.md, session 30): at B = 8, N = 65, H = 8,
+    P = 32768 the calls the driver held down for its power cap ran at least 3% slower than those
+    at the top clock, and with calls alternating ``fused`` is faster than ``cascade`` at every
+    shape and clock group, where a grid that timed them one after the other (b4cf83e) had it
+    slower at all four shapes."""
+    table = PERF_TABLES["mode_probe"](str(MODES / "modes.csv"))
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines()[4:]]
+    med = lambda cell: float(cell.split(", ")[1].split()[0])  # noqa: E731
+    by = {(r[0], r[1].strip("`")): r for r in rows}
+    shapes = {r[0] for r in rows}
+    assert len(shapes) == 4
+    top, below = med(by[("8, 65, 8, 32768", "fused")][3]), med(by[("8, 65, 8, 32768", "fused")][4])
+    assert below > 1.03 * top
+    for shape in shapes:
+        for col in (3, 4):
+            assert med(by[(shape, "fused")][col]) < med(by[(shape, "cascade")][col]), shape
+    import pandas as pd
+
+    grid = pd.read_parquet(ROOT / "results" / "verify_table_h100" / "b4cf83e" / "verify_table_h100.parquet")
+    us = grid.set_index(["B", "N", "H", "P", "config"]).us
+    for shape in shapes:
+        key = tuple(int(v) for v in shape.split(", "))
+        assert us[key + ("fused",)] > us[key + ("cascade",)], shape
