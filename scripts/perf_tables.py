@@ -12,6 +12,7 @@
     python scripts/perf_tables.py impl-vs results/verify_table_h200/275852a
     python scripts/perf_tables.py grid-diff results/verify_table_h200/b7b0c86 results/verify_table_h200/a2e2347
     python scripts/perf_tables.py mode-probe results/mode_probe_h100/b7ddb06/modes.csv
+    python scripts/perf_tables.py hbm-bar results/verify_table_h200/b6fc776
     python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
@@ -79,6 +80,10 @@ moe-trace: the phases of one kimi_k2_ep8 layer call from ``scripts/trace_moe.py`
 blocks but its last, its last block (the finaliser), the permutation, each grouped GEMM's working
 routed blocks (from their median wait's return to the last one's end) and all its blocks, the
 combine; for a ``HANDOFF=1`` trace first the gap from the previous call's combine.
+
+hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's HBM bandwidth
+allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
+points the roof alone keeps from the bar.
 
 mode-probe: ``scripts/mode_probe.py``'s CSV: per shape and configuration the per-call times, split
 by the SM clock read beside each call, and the calls held down by the power cap.
@@ -611,6 +616,33 @@ def split_cost(csv: str) -> str:
     return "\n".join(out)
 
 
+def hbm_bar(run: str, bar: float = 0.80) -> str:
+    """A verify grid's HBM-bound ``fused`` points against the bar of ``bar`` x the run's HBM
+    bandwidth: the time the bar allows beside the launch's whole-wave tensor roof
+    (``kdtree.bench.models``: the rows its tiles compute, padding included, waves counted, at the
+    run's dense rate). Where that roof is longer than the bar allows, no kernel on the same row
+    tiles and split count reaches the bar, however fast its tiles."""
+    from kdtree.bench.models import verify_attention_cost
+
+    d, meta = _grid(run)
+    rate = meta["ceiling_bf16_flops"]
+    f = d[(d.config == "fused") & (d.roof == "hbm") & d.us.notna()]
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}; `fused` at its HBM-bound points; HBM "
+           f"{meta['ceiling_hbm_bw'] / 1e12:.2f} TB/s and dense bf16 {rate / 1e12:.0f} TFLOP/s measured in that run):", "",
+           f"| B, N, H, P | tile rows, splits | us | fraction of HBM | us at {bar:.2f} of HBM | whole-wave tensor roof us "
+           "| roof / bar |", "|---|---|---|---|---|---|---|"]
+    over = 0
+    for r in f.itertuples():
+        c = verify_attention_cost("fused", batch=r.B, nodes=r.N, heads=r.H, prefix=r.P, impl=r.impl,
+                                  splits=int(r.splits), layout=r.layout)
+        allowed, roof = r.us * r.frac_hbm / bar, c.flops_waves / rate * 1e6
+        over += roof > allowed
+        out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {r.tile_rows}, {r.splits} | {r.us:.1f} | {r.frac_hbm:.2f} | "
+                   f"{allowed:.1f} | {roof:.1f} | {roof / allowed:.2f} |")
+    out += ["", f"The whole-wave roof exceeds what the bar allows at {over} of {len(f)} points."]
+    return "\n".join(out)
+
+
 def mode_probe(csv: str) -> str:
     """``scripts/mode_probe.py``'s CSV (one row per call, the configurations alternating): per
     shape and configuration the median and p20-p80 of the calls, then split by the SM clock read
@@ -639,7 +671,7 @@ if __name__ == "__main__":
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
              "pair-steady": pair_steady, "ncu-details": ncu_details,
-             "grid-diff": grid_diff, "mode-probe": mode_probe}
+             "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar}
     two = {"grid-diff"}   # kinds that read two runs
     if len(sys.argv) < 3 or sys.argv[1] not in kinds or len(sys.argv) != 3 + (sys.argv[1] in two):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff: OLD_RUN NEW_RUN)")
