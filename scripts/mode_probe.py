@@ -61,7 +61,7 @@ def main() -> None:
     rows = []
     with open(a.out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["shape", "variant", "call", "us", "sm_mhz", "reasons"])
+        w.writerow(["shape", "config", "call", "us", "sm_mhz", "reasons"])
         for shape in a.shapes:
             B, N, H, P = (int(v) for v in shape.split(","))
             tree, pl, sets = input_sets(B, N, H, P, gen, l2)

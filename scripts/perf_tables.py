@@ -649,7 +649,7 @@ def mode_probe(csv: str) -> str:
     beside each call (at the shape's highest reading, within 15 MHz, or below it), and how many
     calls the driver held down for its power cap."""
     d = pd.read_csv(csv)
-    col = "config" if "config" in d else "variant"
+    col = "config" if "config" in d else "variant"   # the first run (b7ddb06) named the column variant
     out = [f"From `{csv}` ({d.call.max() + 1} calls of each configuration, alternating; one-call graphs, L2 "
            "flushed; SM clock read through NVML beside each call):", "",
            "| B, N, H, P | configuration | median us (p20-p80) | at the top clock: calls, median us | "
