@@ -50,6 +50,7 @@ __device__ __forceinline__ void wg_mma(float* d, att_u64 da, att_u64 db, int acc
 #define WG_R12 WG_R8 ",%8,%9,%10,%11"
 #define WG_R16 WG_R12 ",%12,%13,%14,%15"
 #define WG_R32 WG_R16 ",%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define WG_R36 WG_R32 ",%32,%33,%34,%35"
 #define WG_MMA_DEF(NW, TA, REGS, IA, IB, IP, ...)                                                       \
   template <>                                                                                          \
   __device__ __forceinline__ void wg_mma<NW, TA>(float* d, att_u64 da, att_u64 db, int acc) {           \
@@ -69,6 +70,13 @@ WG_MMA_DEF(32, 0, WG_R16, 16, 17, 18, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12))
 WG_MMA_DEF(32, 1, WG_R16, 16, 17, 18, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12))
 WG_MMA_DEF(64, 0, WG_R32, 32, 33, 34, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24),
            WG_D4(28))
+WG_MMA_DEF(64, 1, WG_R32, 32, 33, 34, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24),
+           WG_D4(28))
+// N = 72: the rows of one H = 8, N = 9 sequence on wgmma's N (the rows_n layout, wgmma_probe.cu).
+WG_MMA_DEF(72, 0, WG_R36, 36, 37, 38, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24),
+           WG_D4(28), WG_D4(32))
+WG_MMA_DEF(72, 1, WG_R36, 36, 37, 38, WG_D4(0), WG_D4(4), WG_D4(8), WG_D4(12), WG_D4(16), WG_D4(20), WG_D4(24),
+           WG_D4(28), WG_D4(32))
 #undef WG_MMA_DEF
 
 // The 128 accumulators of an m64n256 wgmma: operands %0 .. %127.
@@ -120,6 +128,7 @@ __device__ __forceinline__ void wg_mma64_rs(float* d, const att_u32 (&a)[4], att
 #undef WG_R12
 #undef WG_R16
 #undef WG_R32
+#undef WG_R36
 
 // mbarrier (shared::cta) and named-barrier primitives of the warp-specialised kernels.
 __device__ __forceinline__ void mb_init(att_u32 bar, int count) {

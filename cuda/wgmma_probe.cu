@@ -11,6 +11,13 @@
 //      kernels, with nothing between the steps)
 //   5  both issue S with its four rope k-steps (Q columns 512..575) taking A from registers (RS),
 //      as FlashMLA does to free Q's rope tile in shared memory for a second P buffer
+//   The rows_n layout (KV tokens on M, PROBE_N query rows on N; verify_attention_rows_n.cu),
+//   each warpgroup on its own accumulators:
+//   6  both issue S^T = K Q^T: 36 m64nNk16, A the KV tile (K-major), B the N rows of Q
+//   7  both issue their half of O^T = V^T P^T: value blocks 4 wg .. 4 wg + 3, 4 k-steps each
+//      (16 m64nNk16, A the KV tile read MN-major, B P^T)
+// PROBE_N (a define, a width attention_wgmma.cuh defines: 8, 16, 24, 32, 64, 72) is N for modes
+// 6 and 7; Q and P then hold max(64, N) rows.
 // Both warpgroups run one code path in modes 1, 3, 4 and 5 (a branch on the warpgroup around
 // different wgmma sequences makes ptxas serialise them, C7511); the loops stay rolled for the
 // same reason. Shared memory (Q, one KV tile, P) is zero-filled once; values do not change the time.
@@ -22,6 +29,12 @@
 #ifndef PROBE_MODE
 #define PROBE_MODE 1
 #endif
+#ifndef PROBE_N
+#define PROBE_N 64
+#endif
+#define PROBE_ROWS (PROBE_N > FUSED_BM ? PROBE_N : FUSED_BM)  // rows of Q and of P in shared memory
+#define PROBE_SMEM_Q (PROBE_ROWS * ATT_D_QK * 2)
+#define PROBE_SMEM_P (PROBE_ROWS * FUSED_BN * 2)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // S = Q K^T as pp_issue_s, except that the four rope k-steps take Q from registers (qr: the
@@ -69,14 +82,64 @@ __device__ __forceinline__ float probe_steps(att_u32 sQ, att_u32 sK, att_u32 sP,
   }
   return (S ? s[0][0] : 0.f) + (PV ? o[0] : 0.f);
 }
+
+// `iters` steps of one rows_n product on this warpgroup's accumulators: S^T of a tile (ST, mode 6)
+// or O^T over the value blocks of this warpgroup's half (mode 7).
+template <bool ST>
+__device__ __forceinline__ float probe_steps_n(att_u32 sQ, att_u32 sK, att_u32 sP, int iters, int wg) {
+  constexpr int R = PROBE_N / 2;  // accumulators a thread holds per m64nN block
+  float s[R], o[4 * R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) s[j] = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4 * R; ++j) o[j] = 0.f;
+  att_u32 kb = sK, qb = sQ, pb = sP;
+  asm volatile("" : "+r"(kb), "+r"(qb), "+r"(pb));  // descriptors formed beside their wgmma
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {
+    if (ST) {
+      wg_pin<R>(s);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < ATT_D_QK / 16; ++ks) {
+        const att_u32 kk = (ks & 3) * 32;
+        wg_mma<PROBE_N, 0>(s, wg_desc(kb + (ks >> 2) * (FUSED_BN * 128) + kk, 16, 1024),
+                           wg_desc(qb + (ks >> 2) * (PROBE_ROWS * 128) + kk, 16, 1024));
+      }
+      wg_commit();
+      wg_wait_all();
+      wg_pin<R>(s);
+    } else {
+      wg_pin<4 * R>(o);
+      wg_fence();
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int t = 0; t < FUSED_BN / 16; ++t)
+          wg_mma<PROBE_N, 1>(o + i * R, wg_desc(kb + (4 * wg + i) * (FUSED_BN * 128) + t * 16 * 128, FUSED_BN * 128, 1024),
+                             wg_desc(pb + 32 * t, 16, 1024));
+      wg_commit();
+      wg_wait_all();
+      wg_pin<4 * R>(o);
+    }
+  }
+  // Every block's accumulators feed the result: an empty asm emits no PTX, so wg_pin alone does
+  // not keep ptxas from dropping a block whose registers nothing reads (it dropped three of four).
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < R; ++j) sum += ST ? s[j] : 0.f;
+#pragma unroll
+  for (int j = 0; j < 4 * R; ++j) sum += ST ? 0.f : o[j];
+  return sum;
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(256, 1) wgmma_probe(float* __restrict__ out, int iters) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = fused_smem_base(smem_raw);
-  const att_u32 sQ = att_smem_addr(smem), sK = sQ + FUSED_SMEM_Q, sP = sK + FUSED_SMEM_KV;
-  for (int i = threadIdx.x; i < (FUSED_SMEM_Q + FUSED_SMEM_KV + FUSED_SMEM_P) / 16; i += blockDim.x)
+  const att_u32 sQ = att_smem_addr(smem), sK = sQ + PROBE_SMEM_Q, sP = sK + FUSED_SMEM_KV;
+  for (int i = threadIdx.x; i < (PROBE_SMEM_Q + FUSED_SMEM_KV + PROBE_SMEM_P) / 16; i += blockDim.x)
     reinterpret_cast<int4*>(smem)[i] = make_int4(0, 0, 0, 0);
   att_fence_proxy_async();  // the zeros, visible to wgmma
   __syncthreads();
@@ -85,7 +148,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) wgmma_probe(float* __restri
   constexpr bool kPV = PROBE_MODE == 2 || PROBE_MODE == 3 || PROBE_MODE == 4;
   constexpr bool kBoth = PROBE_MODE != 0 && PROBE_MODE != 2;
   float acc = 0.f;
-  if (kBoth || wg == 0) acc = probe_steps<kS, kPV, PROBE_MODE == 5>(sQ, sK, sP, iters, wg);
+  if (PROBE_MODE >= 6)
+    acc = probe_steps_n<PROBE_MODE == 6>(sQ, sK, sP, iters, wg);
+  else if (kBoth || wg == 0)
+    acc = probe_steps<kS, kPV, PROBE_MODE == 5>(sQ, sK, sP, iters, wg);
   if (acc == 12345.f) out[threadIdx.x] = acc;  // never in practice: keeps the accumulators live
 #endif
 }

@@ -8,6 +8,7 @@ import ctypes
 import math
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -412,7 +413,9 @@ def test_launch_plan_tma_kernels(impl):
 
 @pytest.mark.parametrize("name, defines", [("verify_attention_wgmma", ()), ("verify_attention_rows_n", ()),
                                            ("verify_attention_tma", ()), ("verify_attention_pair", ())]
-                         + [("wgmma_probe", (f"-DPROBE_MODE={m}",)) for m in range(6)])
+                         + [("wgmma_probe", (f"-DPROBE_MODE={m}",)) for m in range(6)]
+                         + [("wgmma_probe", (f"-DPROBE_MODE={m}", f"-DPROBE_N={n}")) for m in (6, 7)
+                            for n in (8, 16, 32, 64, 72)])
 def test_wgmma_kernels_keep_registers(name, defines, tmp_path):
     """ptxas for sm_90a: no spills, and no wgmma serialised (for want of registers, C7511, or around
     compiler-inserted waits and fences, C7518 / C7520); the probe in each of its modes."""
@@ -429,6 +432,10 @@ def test_wgmma_kernels_keep_registers(name, defines, tmp_path):
     assert entries >= 1 and res.stderr.count("0 bytes spill stores, 0 bytes spill loads") == entries, res.stderr
     assert "C7511" not in res.stderr and "C7510" not in res.stderr, res.stderr
     assert "instructions are serialized" not in res.stderr, res.stderr
+    n = [int(d.split("=")[1]) for d in defines if d.startswith("-DPROBE_N=")]
+    if n:   # every accumulator of the rows_n probe is live: ptxas once dropped three of four O^T blocks
+        accumulators = n[0] // 2 if "-DPROBE_MODE=6" in defines else 2 * n[0]
+        assert int(re.search(r"Used (\d+) registers", res.stderr).group(1)) >= accumulators, res.stderr
 
 
 # The synchronisation of cuda/verify_attention_tma.cu as a model: the producer's and the two consumer
