@@ -159,8 +159,8 @@ def verify_grid(run: str) -> str:
                      f"{int((long.splits > 1).sum())} at longer prefixes run in KV splits, "
                      f"{int((long.splits == 1).sum())} at longer prefixes in one launch. At or above it only at "
                      f"their own clock: "
-                     + "; ".join(f"B={r.B} N={r.N} P={r.P} at {r.sm_clock_mhz:.0f} MHz" for r in gained.itertuples())
-                     + ".")
+                     + ("; ".join(f"B={r.B} N={r.N} P={r.P} at {r.sm_clock_mhz:.0f} MHz" for r in gained.itertuples())
+                        or "none") + ".")
     key = ["B", "N", "H", "P"]
     fu = f.set_index(key).us
     out += ["", below, "", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]
