@@ -13,6 +13,7 @@
     python scripts/perf_tables.py grid-diff results/verify_table_h200/b7b0c86 results/verify_table_h200/a2e2347
     python scripts/perf_tables.py mode-probe results/mode_probe_h100/b7ddb06/modes.csv
     python scripts/perf_tables.py hbm-bar results/verify_table_h200/b6fc776
+    python scripts/perf_tables.py moe-bar results/moe/h200_05_1da4148
     python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
@@ -85,6 +86,10 @@ hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's 
 allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
 points the roof alone keeps from the bar.
 
+moe-bar: the 05 notebook's stage breakdown against the MoE layer's 0.75-of-HBM bar (T <= 65): per T the
+time the bar allows, the time outside the two grouped GEMMs, and the fraction of HBM the GEMMs
+stream at now against what the bar would need of them.
+
 mode-probe: ``scripts/mode_probe.py``'s CSV: per shape and configuration the per-call times, split
 by the SM clock read beside each call, and the calls held down by the power cap.
 """
@@ -93,6 +98,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -414,6 +420,37 @@ def moe(run: str) -> str:
     return "\n".join(out)
 
 
+def moe_bar(run: str, bar: float = 0.75, max_tokens: int = 65) -> str:
+    """The 05 notebook's stage breakdown of the bf16 kernel path against the MoE layer's bar of
+    ``bar`` x the run's HBM bandwidth, where the layer is memory-bound (T <= ``max_tokens`` on the
+    EP8 shard): per T the time the bar allows for the layer's weight
+    bytes, the layer's time outside its two grouped GEMMs as measured (the whole less the GEMM
+    stages: the router, the permutation and the combine, less what overlaps), and the fraction of
+    HBM the GEMMs stream at now against the fraction they would need for the layer to meet the
+    bar with that outside time unchanged."""
+    folder = Path(run)
+    d = pd.read_parquet(folder / "05.parquet")
+    meta = json.loads((folder / "05.meta.json").read_text())
+    bw = json.loads((folder / "ceilings.json").read_text())["hbm_bw"]
+    b = d[(d.table == "breakdown") & (d.path == "kernels") & (d.tokens <= max_tokens)]
+    out = [f"From `{run}` ({meta['device']}, commit {meta['git_sha']}; `kimi_k2_ep8` layer, bf16 kernel path, "
+           f"graph replay; HBM {bw / 1e12:.2f} TB/s measured in that call):", "",
+           f"| T | layer us | weight MB | us at {bar:.2f} of HBM | us outside the GEMMs | GEMMs now, fraction of HBM "
+           "| GEMMs needed for the bar |", "|---|---|---|---|---|---|---|"]
+    for t, g in b.groupby("tokens"):
+        g = g.set_index("stage")
+        whole, nbytes = g.loc["whole", "median_us"], g.loc["whole", "weight_bytes"]
+        gemm_us = g.loc["gate_up", "median_us"] + g.loc["down", "median_us"]
+        gemm_bytes = g.loc["gate_up", "weight_bytes"] + g.loc["down", "weight_bytes"]
+        allowed, outside = nbytes / (bar * bw) * 1e6, whole - gemm_us
+        need = gemm_bytes / ((allowed - outside) * 1e-6) / bw if allowed > outside else math.inf
+        need = ("met" if whole <= allowed else f"{need:.2f}" if need <= 1 else
+                f"{need:.2f}: above the HBM rate, out of reach")
+        out.append(f"| {t:.0f} | {whole:.1f} | {nbytes / 1e6:.1f} | {allowed:.1f} | {outside:.1f} | "
+                   f"{gemm_bytes / (gemm_us * 1e-6) / bw:.2f} | {need} |")
+    return "\n".join(out)
+
+
 NCU_COLUMNS = {   # metric -> (column, scale)
     "gpu__time_duration.sum": ("us", 1e-3),
     "dram__bytes_read.sum": ("DRAM read (MB)", 1e-6),
@@ -671,7 +708,7 @@ if __name__ == "__main__":
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
              "pair-steady": pair_steady, "ncu-details": ncu_details,
-             "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar}
+             "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar}
     two = {"grid-diff"}   # kinds that read two runs
     if len(sys.argv) < 3 or sys.argv[1] not in kinds or len(sys.argv) != 3 + (sys.argv[1] in two):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff: OLD_RUN NEW_RUN)")

@@ -342,3 +342,16 @@ def test_the_h200_shard_bar_is_out_of_reach_of_64_row_tiles():
     assert h200.endswith("at 9 of 9 points.")
     h100 = PERF_TABLES["hbm_bar"](str(ROOT / "results" / "verify_table_h100" / "096caf5"))
     assert any(float(line.strip("| ").split(" | ")[6]) < 1.0 for line in h100.splitlines()[4:] if line.startswith("| "))
+
+
+def test_the_moe_bar_at_one_token_needs_the_gemms_near_the_hbm_rate():
+    """The MoE layer's 0.75-of-HBM bar against the last 05 run's stage breakdown (H200, 1da4148;
+    docs/perf_log.md, session 30): met at T = 17 and 65; at T = 1, with the time outside the two
+    grouped GEMMs as measured (9 us), the GEMMs would have to stream at 0.94 of HBM where they
+    stream at 0.69; in session 11's run (0f96448, 4.6 us more outside them) no GEMM rate could have."""
+    rows = lambda run: {int(line.split(" | ")[0].strip("| ")): line.strip("| ").split(" | ")  # noqa: E731
+                        for line in PERF_TABLES["moe_bar"](str(ROOT / "results" / "moe" / run)).splitlines()[4:]}
+    now = rows("h200_05_1da4148")
+    assert sorted(now) == [1, 17, 65] and now[17][6] == now[65][6] == "met"
+    assert float(now[1][5]) < 0.75 < 0.9 < float(now[1][6]) < 1.0
+    assert rows("h200_05_0f96448")[1][6].endswith("out of reach")
