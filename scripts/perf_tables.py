@@ -167,15 +167,26 @@ def verify_grid(run: str) -> str:
                      f"their own clock: "
                      + ("; ".join(f"B={r.B} N={r.N} P={r.P} at {r.sm_clock_mhz:.0f} MHz" for r in gained.itertuples())
                         or "none") + ".")
+        if i == 1:  # the two one-sequence points, each against its bar
+            small = "Second group: " + "; ".join(
+                f"N={r.N} {r.us:.1f} us, {getattr(r, col):.4f}" for r in g.sort_values("N").itertuples()) + "."
     key = ["B", "N", "H", "P"]
     fu = f.set_index(key).us
-    out += ["", below, "", "| `fused` against | points | `fused` slower at | time ratio min / median / max |", "|---|---|---|---|"]
+    out += ["", below, "", small, "", "| `fused` against | points | `fused` slower at | time ratio min / median / max |",
+            "|---|---|---|---|"]
     for other in ("cascade", "fused_pair", "fused_tma_seq", "fused_wgmma"):
         o = d[(d.config == other) & d.us.notna()].set_index(key).us
         r = (fu / o).dropna()
         if r.empty:  # a grid from before that kernel existed
             continue
         out.append(f"| `{other}` | {len(r)} | {int((r > 1).sum())} | {_spread(r)} |")
+    # The points where fused lost to cascade, each with both spreads, split counts and SM clocks.
+    rows = f.merge(d[d.config == "cascade"], on=key, suffixes=("", "_c"))
+    lost = rows[rows.us > rows.us_c]
+    out += ["", "`fused` slower than `cascade`: " + ("; ".join(
+        f"{r.B},{r.N},{r.H},{r.P}: {r.us:.1f} ({r.p20:.1f}-{r.p80:.1f}, {r.splits} splits, {r.sm_clock_mhz:.0f} MHz) "
+        f"against {r.us_c:.1f} ({r.p20_c:.1f}-{r.p80_c:.1f}, {r.splits_c} splits, {r.sm_clock_mhz_c:.0f} MHz) us"
+        for r in lost.itertuples()) or "none") + "."]
     return "\n".join(out)
 
 
