@@ -481,6 +481,25 @@ def test_a_sweep_over_several_points_times_each_on_its_own_inputs():
         (n, p, b) for n in (5, 9) for p in (16, 40) for b in (1, 2)}
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_sweep_replays_a_points_variants_in_one_turn(monkeypatch):
+    """On a GPU the graph timings of all the variants at a point are taken in one alternating
+    turn (``timing.time_graphs``: a warm and a cold graph per variant), so that the variants are
+    compared at the same SM clock; each variant still gets its four rows."""
+    from kdtree.bench import attention_sweep as S
+
+    turns = []
+    real = S.time_graphs
+    monkeypatch.setattr(S, "time_graphs", lambda fns, **k: turns.append(len(fns)) or real(fns, **k))
+    df = S.run_attention_sweep([5], [16], [1, 2], [8], variants=["fused", "cascade"], quick=True, progress=False)
+    assert turns == [4, 4]
+    assert len(df) == 16 and df["median_us"].gt(0).all()
+    g = df[df["mode"] == "graph"]
+    assert sorted(map(tuple, g[["variant", "l2"]].drop_duplicates().to_numpy())) == [
+        ("cascade", "cold"), ("cascade", "warm"), ("fused", "cold"), ("fused", "warm")]
+
+
 def test_verify_model_takes_the_partials_dtype():
     """bf16 partials (the kernels' own) halve each split's O bytes against fp32's; the lse stays
     fp32; an unknown dtype is refused by name."""

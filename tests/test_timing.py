@@ -234,6 +234,13 @@ def test_graph_timings_of_several_calls_interleave_and_time_each_its_own(monkeyp
     assert t_big.median_us > 2 * t_small.median_us, (t_big, t_small)
     t_small2, t_big2 = timing.time_graphs([lambda: small.add_(1), lambda: big.add_(1)], reps=6, calls_per_graph=2)
     assert t_big2.median_us > 2 * t_small2.median_us, (t_big2, t_small2)
+    # One repetition count and graph length per call: the shorter run drops out of the turn.
+    order.clear()
+    t_a, t_b = timing.time_graphs([lambda: small.add_(1), lambda: small.add_(1)], reps=[2, 4], calls_per_graph=[1, 3])
+    assert order[-6:] == [0, 1, 0, 1, 1, 1], order
+    assert (t_a.reps, t_b.reps) == (2, 4)
+    with pytest.raises(ValueError, match="calls_per_graph"):
+        timing.time_graphs([lambda: small.add_(1)], calls_per_graph=[1, 2])
 
 
 @pytest.mark.gpu

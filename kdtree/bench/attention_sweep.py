@@ -4,7 +4,8 @@ For each (q_len, prefix, batch, heads) point: build input sets sharing one rando
 (``make_sets``), check each variant against the float64 reference on them (``check``; a variant
 that fails is not timed), then time it. On a GPU: warm L2 (one input set, reused) and cold L2
 (input sets rotating over more than 2.5x the L2, flushed before each eager call), each as
-eager launches and as CUDA-graph replay. On a CPU: host time of the variants that run there.
+eager launches and as CUDA-graph replay (the graphs of all the variants at a point replayed in
+turn, so that they meet the same SM clock). On a CPU: host time of the variants that run there.
 Variants come from ``kdtree.attention.VARIANTS`` plus this module's ``VARIANTS`` (``fused_mma``:
 the fused variant forced onto the mma.sync kernel), so a new one shows up without edits here.
 
@@ -31,7 +32,7 @@ from kdtree.attention import D_QK, D_V, errors, random_parents, reference_attent
 from kdtree.bench.ceilings import Ceilings
 from kdtree.bench.models import launch_plan_columns, verify_attention_cost
 from kdtree.bench.roofline import roof_times
-from kdtree.bench.timing import Rounds, Timing, time_events, time_graph
+from kdtree.bench.timing import Rounds, Timing, time_events, time_graphs
 from kdtree.tree import Tree
 
 SCALE = 1 / math.sqrt(192)
@@ -136,23 +137,30 @@ def trivial_call(variant: str, device: torch.device, gen: torch.Generator):
     return (lambda: call(variant, *sets[0], pl, tree)), launches
 
 
-def _timings(fns, device: torch.device, quick: bool, floor, rounds: Rounds) -> list[Timing]:
-    """Warm and cold, eager and graph on a GPU (``floor``: the variant's trivial call, timed
-    interleaved with the eager calls); host time on a CPU. The eager and host timings are
+def _eager_timings(fns, quick: bool, floor, rounds: Rounds) -> tuple[dict, list[Timing]]:
+    """A variant's timing plan (``_plan`` from one timed call) and its eager timings, warm and
+    cold (``floor``: the variant's trivial call, timed interleaved with the eager calls),
     registered with ``rounds`` and taken when it runs."""
-    if device.type != "cuda":
-        return [rounds.host(fns[0], reps=3 if quick else 10, warmup=1)]
     p = _plan(quick, time_events(fns[:1], reps=3, warmup=1).median_us)
-    it = itertools.count()
+    return p, [rounds.events(fns[:1], reps=p["reps"], warmup=2, l2="warm", floor=floor),
+               rounds.events(fns, reps=p["reps"], warmup=2, l2="cold", floor=floor)]
 
-    def rotating():
-        return fns[next(it) % len(fns)]()
 
-    cold_graph = time_graph(rotating, reps=p["g_reps"], calls_per_graph=len(fns) * p["per_graph"], warmup=1)
-    return [rounds.events(fns[:1], reps=p["reps"], warmup=2, l2="warm", floor=floor),
-            time_graph(fns[0], reps=p["g_reps"], calls_per_graph=p["per_graph"], warmup=1, l2="warm"),
-            rounds.events(fns, reps=p["reps"], warmup=2, l2="cold", floor=floor),
-            dataclasses.replace(cold_graph, l2="cold")]   # rotating inputs larger than the L2
+def _graph_timings(jobs) -> list[tuple[Timing, Timing]]:
+    """Warm and cold graph timings of the variants of one point, ``jobs`` a list of (input-set
+    calls, plan), all of them replayed in turn (``timing.time_graphs``): compared one after the
+    other on a power-capped GPU the variants compared SM clock states (docs/design.md). Warm: the
+    first set, reused; cold: every set in turn inside the graph (inputs larger than the L2)."""
+    if not jobs:
+        return []
+    graphs, reps, per_graph = [], [], []
+    for fns, p in jobs:
+        it = itertools.count()
+        graphs += [fns[0], lambda fns=fns, it=it: fns[next(it) % len(fns)]()]
+        reps += [p["g_reps"]] * 2
+        per_graph += [p["per_graph"], len(fns) * p["per_graph"]]
+    t = time_graphs(graphs, reps=reps, calls_per_graph=per_graph, warmup=1)
+    return [(t[2 * i], dataclasses.replace(t[2 * i + 1], l2="cold")) for i in range(len(jobs))]
 
 
 def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceilings: Ceilings | None = None,
@@ -203,6 +211,7 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
         tree, pl, sets = make_sets(B, N, H, P, n_sets, device, gen)
         real = tree.depth[tree.depth >= 0]
         tree_visible = float((real + 1).float().mean())
+        timed = []   # the variants checked at this point, their graph timings still to take
         for v in names:
             plan = launch_plan_columns(v, batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms,
                                        impl=impl_of(v, device))
@@ -222,12 +231,21 @@ def run_attention_sweep(q_lens, prefixes, batches, heads, variants=None, *, ceil
                 continue
             # Every name bound now: the eager timings run after the loop has moved on.
             fns = [lambda s=s, v=v, pl=pl, tree=tree: call(v, s[0], s[1], pl, tree) for s in sets]
-            floor, floor_launches = trivial_call(v, device, gen) if device.type == "cuda" else (None, math.nan)
-            for t in _timings(fns, device, quick, floor, rounds):
-                rows.append(({"kernel": "verify_attention", "variant": v, "q_len": N, "prefix": P, "batch": B,
-                              "heads": H, "tree_visible": tree_visible, "sets": n_sets, **plan},
-                             t, {"floor_launches": floor_launches if t.mode == "eager" else math.nan,
-                                 "check_rel": rel, "check_lse": lse_err}))
+            point = {"kernel": "verify_attention", "variant": v, "q_len": N, "prefix": P, "batch": B, "heads": H,
+                     "tree_visible": tree_visible, "sets": n_sets, **plan}
+            checked = {"check_rel": rel, "check_lse": lse_err}
+            if device.type != "cuda":
+                rows.append((point, rounds.host(fns[0], reps=3 if quick else 10, warmup=1),
+                             {"floor_launches": math.nan, **checked}))
+                continue
+            floor, floor_launches = trivial_call(v, device, gen)
+            p, eager = _eager_timings(fns, quick, floor, rounds)
+            timed.append((point, checked, floor_launches, eager, fns, p))
+        # The point's graph timings, every variant's replays in turn; rows in the order warm eager,
+        # warm graph, cold eager, cold graph per variant.
+        for (point, checked, launches, eager, _, _), graph in zip(timed, _graph_timings([j[4:] for j in timed])):
+            for t in (eager[0], graph[0], eager[1], graph[1]):
+                rows.append((point, t, {"floor_launches": launches if t.mode == "eager" else math.nan, **checked}))
     if progress and rounds.pending:
         print(f"verify attention: {rounds.pending} {'eager' if device.type == 'cuda' else 'host'} timings "
               f"in {rounds.rounds} rounds", flush=True)

@@ -516,29 +516,39 @@ def _held(call: Callable[[], object], reps: int, l2: str, mode: str, per_call: i
     return _held_many([call], reps, l2, mode, per_call)[0]
 
 
-def _held_many(calls: Sequence[Callable[[], object]], reps: int, l2: str, mode: str,
-               per_call: int = 1) -> list[Timing]:
+def _held_many(calls: Sequence[Callable[[], object]], reps: int | Sequence[int], l2: str, mode: str,
+               per_call: int | Sequence[int] = 1) -> list[Timing]:
     """:func:`_held` for several calls in turn: repetition i of every call before repetition
     i + 1 of any, so that each call's samples span the same stretch of time (and of SM clocks:
     under a power cap the clock falls over seconds, and calls timed one after the other
-    compared clock states, not calls). Every timing carries the clocks sampled over all of them."""
+    compared clock states, not calls). ``reps`` and ``per_call`` may differ per call (a
+    sequence, one entry a call): a call whose repetitions are done drops out of the turn. Every
+    timing carries the clocks sampled over all of them."""
+    reps_of = [reps] * len(calls) if isinstance(reps, int) else list(reps)
+    per_of = [per_call] * len(calls) if isinstance(per_call, int) else list(per_call)
+    if len(reps_of) != len(calls) or len(per_of) != len(calls):
+        raise ValueError(f"reps, per_call: expected one entry per call ({len(calls)}), got {len(reps_of)} and "
+                         f"{len(per_of)}")
     flush = L2Flush() if l2 == "cold" else None
     holds = [hold_cycles_for(call) for call in calls]
     samples: list[list[float]] = [[] for _ in calls]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    last = max(reps_of, default=0) - 1
     with ClockSampler() as clocks:
-        for i in range(reps):
+        for i in range(last + 1):
             for j, call in enumerate(calls):
+                if i >= reps_of[j]:
+                    continue
                 if flush is not None:
                     flush()
                 hold_device(holds[j])
                 start.record()
                 call()
                 end.record()
-                if i in (0, reps - 1):   # the call is queued or running: a busy-clock sample
+                if i in (0, last):   # the call is queued or running: a busy-clock sample
                     clocks.sample()
                 end.synchronize()
-                samples[j].append(start.elapsed_time(end) * 1e3 / per_call)
+                samples[j].append(start.elapsed_time(end) * 1e3 / per_of[j])
     return [summarize(s, mode, l2, clocks) for s in samples]
 
 
@@ -559,16 +569,19 @@ def time_graph(fn: Callable[[], object], *, reps: int = 50, calls_per_graph: int
     return time_graphs([fn], reps=reps, calls_per_graph=calls_per_graph, warmup=warmup, l2=l2)[0]
 
 
-def time_graphs(fns: Sequence[Callable[[], object]], *, reps: int = 50, calls_per_graph: int = 20,
-                warmup: int = 3, l2: str = "warm") -> list[Timing]:
+def time_graphs(fns: Sequence[Callable[[], object]], *, reps: int | Sequence[int] = 50,
+                calls_per_graph: int | Sequence[int] = 20, warmup: int = 3, l2: str = "warm") -> list[Timing]:
     """:func:`time_graph` of several calls, their replays interleaved (:func:`_held_many`): one
-    timing per call, in order. Use it where calls are compared: timed one after the other on
+    timing per call, in order; ``reps`` and ``calls_per_graph`` one for all or one per call. Use it where calls are compared: timed one after the other on
     an H100 under its power cap, the same kernel's per-call time moved 5% between the first and
     the second half of 150 calls as the SM clock fell (``scripts/mode_probe.py``), and a
     verify grid that timed them one after the other had ``fused`` slower than ``cascade`` at 5
     shapes where alternating calls had it 1-3% faster at each (docs/perf_log.md, session 30)."""
+    per_graph = [calls_per_graph] * len(fns) if isinstance(calls_per_graph, int) else list(calls_per_graph)
+    if len(per_graph) != len(fns):
+        raise ValueError(f"calls_per_graph: expected one entry per call ({len(fns)}), got {len(per_graph)}")
     graphs = []
-    for fn in fns:
+    for fn, calls in zip(fns, per_graph):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -577,9 +590,9 @@ def time_graphs(fns: Sequence[Callable[[], object]], *, reps: int = 50, calls_pe
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(calls_per_graph):
+            for _ in range(calls):
                 fn()
         for _ in range(warmup):
             graph.replay()
         graphs.append(graph)
-    return _held_many([g.replay for g in graphs], reps, l2, "graph", calls_per_graph)
+    return _held_many([g.replay for g in graphs], reps, l2, "graph", per_graph)
