@@ -721,6 +721,9 @@ if __name__ == "__main__":
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar}
     two = {"grid-diff"}   # kinds that read two runs
-    if len(sys.argv) < 3 or sys.argv[1] not in kinds or len(sys.argv) != 3 + (sys.argv[1] in two):
-        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff: OLD_RUN NEW_RUN)")
+    base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
+    n = len(sys.argv) - 3
+    if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)):
+        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff: OLD_RUN NEW_RUN; "
+                 "attention-dev: CSV [BASE_CONFIG])")
     print(kinds[sys.argv[1]](*sys.argv[2:]))
