@@ -29,7 +29,14 @@ from kdtree.kernels import get_kernel, launch, ptr
 
 S_FLOP = 2 * 64 * 64 * 576     # one S step of one warpgroup: 64 rows x 64 KV columns x 576
 PV_FLOP = 2 * 64 * 256 * 64    # one P V step of one warpgroup: 64 rows x 256 value columns x 64 KV rows
-SMEM = 64 * 576 * 2 + 64 * 576 * 2 + 64 * 64 * 2 + 1024   # Q, one KV tile, P, alignment slack
+
+
+def probe_smem(rows: int = 64) -> int:
+    """Shared memory of the probe with ``rows`` rows of Q and of P: Q, one KV tile, P, alignment slack."""
+    return rows * 576 * 2 + 64 * 576 * 2 + rows * 64 * 2 + 1024
+
+
+SMEM = probe_smem()
 N_MODES = {6: ("S^T = K Q^T, both warpgroups", 36), 7: ("O^T = V^T P^T, half each", 16)}  # m64nNk16 a step
 N_WIDTHS = (8, 16, 32, 64, 72)
 MODES = {0: ("S, one warpgroup", S_FLOP), 1: ("S, both warpgroups", 2 * S_FLOP),
@@ -65,9 +72,8 @@ def main(iters: int = 2000) -> None:
           "take at the dense rate with two warpgroups sharing the SM")
     for mode, (what, count) in N_MODES.items():
         for n in N_WIDTHS:
-            rows = max(64, n)
             fn = get_kernel("wgmma_probe", "wgmma_probe", {"PROBE_MODE": mode, "PROBE_N": n}, compiler="nvcc")
-            smem = rows * 576 * 2 + 64 * 576 * 2 + rows * 64 * 2 + 1024
+            smem = probe_smem(max(64, n))
             run = lambda fn=fn, smem=smem: launch(fn, (sms,), (256,), (ptr(out), np.int32(iters)), shared_mem=smem)  # noqa: E731
             tm = time_graph(run, reps=20, calls_per_graph=1)
             secs = tm.median_us * 1e-6

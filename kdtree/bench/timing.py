@@ -516,6 +516,14 @@ def _held(call: Callable[[], object], reps: int, l2: str, mode: str, per_call: i
     return _held_many([call], reps, l2, mode, per_call)[0]
 
 
+def _per_call(value: int | Sequence[int], n: int, name: str) -> list[int]:
+    """``value`` for each of ``n`` calls: one for all, or a sequence of one entry a call."""
+    each = [value] * n if isinstance(value, int) else list(value)
+    if len(each) != n:
+        raise ValueError(f"{name}: expected one entry per call ({n}), got {len(each)}")
+    return each
+
+
 def _held_many(calls: Sequence[Callable[[], object]], reps: int | Sequence[int], l2: str, mode: str,
                per_call: int | Sequence[int] = 1) -> list[Timing]:
     """:func:`_held` for several calls in turn: repetition i of every call before repetition
@@ -524,11 +532,7 @@ def _held_many(calls: Sequence[Callable[[], object]], reps: int | Sequence[int],
     compared clock states, not calls). ``reps`` and ``per_call`` may differ per call (a
     sequence, one entry a call): a call whose repetitions are done drops out of the turn. Every
     timing carries the clocks sampled over all of them."""
-    reps_of = [reps] * len(calls) if isinstance(reps, int) else list(reps)
-    per_of = [per_call] * len(calls) if isinstance(per_call, int) else list(per_call)
-    if len(reps_of) != len(calls) or len(per_of) != len(calls):
-        raise ValueError(f"reps, per_call: expected one entry per call ({len(calls)}), got {len(reps_of)} and "
-                         f"{len(per_of)}")
+    reps_of, per_of = _per_call(reps, len(calls), "reps"), _per_call(per_call, len(calls), "per_call")
     flush = L2Flush() if l2 == "cold" else None
     holds = [hold_cycles_for(call) for call in calls]
     samples: list[list[float]] = [[] for _ in calls]
@@ -577,9 +581,7 @@ def time_graphs(fns: Sequence[Callable[[], object]], *, reps: int | Sequence[int
     the second half of 150 calls as the SM clock fell (``scripts/mode_probe.py``), and a
     verify grid that timed them one after the other had ``fused`` slower than ``cascade`` at 5
     shapes where alternating calls had it 1-3% faster at each (docs/perf_log.md, session 30)."""
-    per_graph = [calls_per_graph] * len(fns) if isinstance(calls_per_graph, int) else list(calls_per_graph)
-    if len(per_graph) != len(fns):
-        raise ValueError(f"calls_per_graph: expected one entry per call ({len(fns)}), got {len(per_graph)}")
+    per_graph = _per_call(calls_per_graph, len(fns), "calls_per_graph")
     graphs = []
     for fn, calls in zip(fns, per_graph):
         stream = torch.cuda.Stream()
