@@ -38,18 +38,21 @@
 #define RN72_OFF_P (RN72_OFF_R + RN72_BOX)
 #define RN72_OFF_A (RN72_OFF_P + RN72_QBOX)
 #define RN72_OFF_BAR (RN72_OFF_A + 2 * RN72_ROWS * 4)
-// mbarriers: FULL_LO[2], FULL_HI[2], FULL_R, PFULL, PEMPTY
+// mbarriers: FULL_LO[2], FULL_HI[2], FULL_R, PFULL, PEMPTY, INV
 #define RN72_FULL_LO 0
 #define RN72_FULL_HI 2
 #define RN72_FULL_R 4
 #define RN72_PFULL 5
 #define RN72_PEMPTY 6
-#define RN72_BARRIERS 7
+#define RN72_INV 7
+#define RN72_BARRIERS 8
 #define RN72_SMEM_BYTES (RN72_OFF_BAR + RN72_BARRIERS * 8)
 static_assert(RN72_SMEM_BYTES <= 227 * 1024, "one block per SM");
 static_assert(4 * RN72_ROWS * 4 <= RN72_QBOX, "the max partials fit in the P tile");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ void rn72_wait_group1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 #define RN72_NB0 3  // value blocks (64 columns) of warpgroup 0's O^T; warpgroup 1 has the other 5
 
@@ -130,26 +133,27 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
     const int st = i & 1, kt = k.kt0 + i, T = k.lo + kt * FUSED_BN;
     const att_u32 sVst = sV + st * RN72_SMEM_V;
     float s[36];
-#pragma unroll
-    for (int e = 0; e < 36; ++e) s[e] = 0.f;
     mb_wait(bar + 8 * (RN72_FULL_HI + st), (i >> 1) & 1);
     mb_wait(bar + 8 * (RN72_FULL_LO + st), (i >> 1) & 1);
     mb_wait(bar + 8 * RN72_FULL_R, i & 1);
     wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)  // the rope box first: its slot refills once these are done
+      wg_mma<RN72_ROWS, 0>(s, wg_desc(sR + ks * 32, 16, 1024), wg_desc(sQ + 8 * RN72_QBOX + ks * 32, 16, 1024),
+                           ks == 0 ? 0 : 1);
+    wg_commit();
 #pragma unroll
     for (int ks = 0; ks < 32; ++ks) {  // value boxes RN72_NB0 .. 7, then 0 .. RN72_NB0 - 1
       const int b = (RN72_NB0 + (ks >> 2)) & 7;
       wg_mma<RN72_ROWS, 0>(s, wg_desc(sVst + b * RN72_BOX + (ks & 3) * 32, 16, 1024),
                            wg_desc(sQ + b * RN72_QBOX + (ks & 3) * 32, 16, 1024));
     }
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)  // the rope box
-      wg_mma<RN72_ROWS, 0>(s, wg_desc(sR + ks * 32, 16, 1024), wg_desc(sQ + 8 * RN72_QBOX + ks * 32, 16, 1024));
     wg_commit();
+    rn72_wait_group1();  // the rope k-steps are done
+    if (tid == 0 && i + 1 < n_tiles) rn72_load_rope(map, sR, bar + 8 * RN72_FULL_R, row_base + (kt + 1) * FUSED_BN);
     wg_wait_all();
     wg_pin<36>(s);
     wg_pin<NO>(o);
-    if (tid == 0 && i + 1 < n_tiles) rn72_load_rope(map, sR, bar + 8 * RN72_FULL_R, row_base + (kt + 1) * FUSED_BN);
 
     // The P tile holds the max partials until P is written: warpgroup 1 must be done reading P
     // of tile i - 1 (its O^T waited).
@@ -221,7 +225,9 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
   }
 
   // Row sums over the 64 token lanes, lse, and 1 / sum for both warpgroups (alpha's slots).
-  nb_sync(2, FUSED_THREADS);  // every product of both warpgroups is done: the P tile is free
+  // Warpgroup 1's last O^T is done: the P tile is free. (The hand-offs of the end are mbarriers
+  // too: with named barriers of both warpgroups, racecheck reported the 1 / sum slots.)
+  if (n_tiles > 0) mb_wait(bar + 8 * RN72_PEMPTY, (n_tiles - 1) & 1);
 #pragma unroll
   for (int ci = 0; ci < 18; ++ci) {
 #pragma unroll
@@ -245,7 +251,8 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
       }
     }
   }
-  nb_sync(2, FUSED_THREADS);  // 1 / sum published
+  mb_arrive(bar + 8 * RN72_INV);  // 1 / sum published
+  nb_sync(1, 128);
   rn72_store<RN72_NB0>(o, sAlpha, k, rows, 0, wq, gid, tig, out, o_part, B, slot0);
 }
 
@@ -279,8 +286,7 @@ __device__ __forceinline__ void rn72_wg1(const AttTensorMap* map, att_u32 sV, at
     if (tid == 128 && i + 2 < n_tiles)
       rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_HI + st), st, RN72_NB0, 8, row_base + (kt + 2) * FUSED_BN);
   }
-  nb_sync(2, FUSED_THREADS);  // every product is done
-  nb_sync(2, FUSED_THREADS);  // 1 / sum published
+  mb_wait(bar + 8 * RN72_INV, 0);  // 1 / sum published
   rn72_store<NB>(o, sAlpha, k, rows, RN72_NB0, wq, gid, tig, out, o_part, B, slot0);
 }
 
@@ -308,6 +314,7 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
     for (int i = 0; i < RN72_PFULL; ++i) mb_init(bar + 8 * i, 1);  // the loads' barriers: one arrival each
     mb_init(bar + 8 * RN72_PFULL, 128);
     mb_init(bar + 8 * RN72_PEMPTY, 128);
+    mb_init(bar + 8 * RN72_INV, 128);
     mb_init_fence();
     tma_prefetch_map(map);
   }
