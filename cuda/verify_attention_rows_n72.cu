@@ -8,22 +8,24 @@
 // kernel split a block's rows over both warpgroups (N <= 32 each) and paid per instruction.
 //   S^T[64 tokens x 72 rows] = K Q^T     (A = K tile, K-major; B = Q, K-major)
 //   O^T[512 x 72 rows]      += V^T P^T   (A = V^T: the tile read MN-major; B = P, K-major)
-// Roles: warpgroup 0 computes S^T of every tile, the softmax (a row's max over the tile's 64
-// tokens: 8 lanes in registers, then the 4 warps through shared memory) and P, and O^T's value
-// blocks 0-2; warpgroup 1 computes value blocks 3-7 once P and the tile's rescale (alpha) are
-// published. Warpgroup 0's S^T of tile t + 1 runs while warpgroup 1's O^T of tile t does. The
-// 3 / 5 split evens the registers (S^T's 36 accumulators and the softmax state are warpgroup 0's):
-// with 4 / 4, ptxas ran out of room and serialised every wgmma.
+// Roles: warpgroup 0 computes S^T of every tile, the softmax and P, and O^T's value
+// blocks 0-1; warpgroup 1 computes value blocks 2-7 once P and the tile's rescale (alpha) are
+// published. Warpgroup 0's S^T of tile t + 1 runs while warpgroup 1's O^T of tile t does. A row's
+// max over a tile's 64 tokens spans 8 lanes of 4 warps (shuffles, then shared memory): taken only
+// on tiles where some score exceeds its row's shift by more than RN72_SLACK. The
+// 2 / 6 split evens the registers (S^T's 36 accumulators and the softmax state are warpgroup 0's):
+// with 4 / 4 ptxas serialised every wgmma, with 3 / 5 it spilled.
 //
 // Shared memory (no base slack: the dynamic window starts 1024-aligned, checked):
 //   Q [9 boxes][72 rows][128 B] | V stages [2][8 boxes][64 tokens][128 B] | rope box [64][128 B]
 //   | P [72 rows][128 B] (also the warps' max partials before P is written) | alpha [2][72] fp32
-//   | mbarriers.
+//   | mbarriers | two flags (the tile rescaled O^T).
 // Loads (copy engine, 64 x 64 boxes of the kv map): a tile's value boxes in two groups, each on
-// its own mbarrier: boxes 3-7 (read by S^T and warpgroup 1's O^T) refilled by warpgroup 1 once its
-// O^T is done, boxes 0-2 by warpgroup 0 once its own O^T is; the rope box (S^T only) once S^T is
-// done. S^T waits for all three before its first k-step (a wait between wgmma issues made ptxas
-// serialise them), and walks boxes 3-7 first, then 0-2, then the rope box.
+// its own mbarrier: boxes 2-7 (read by S^T and warpgroup 1's O^T) refilled by warpgroup 1 once its
+// O^T is done, boxes 0-1 by warpgroup 0 once its own O^T is; the rope box (S^T only) once S^T
+// read it. S^T waits for all three before its first k-step (a wait between wgmma issues made ptxas
+// serialise them), and walks the rope box first (its slot refills as soon as those k-steps are
+// done), then boxes 2-7, then 0-1.
 #include "attention_common.cuh"
 #include "attention_tile.cuh"
 #include "attention_wgmma.cuh"
@@ -46,7 +48,9 @@
 #define RN72_PEMPTY 6
 #define RN72_INV 7
 #define RN72_BARRIERS 8
-#define RN72_SMEM_BYTES (RN72_OFF_BAR + RN72_BARRIERS * 8)
+#define RN72_OFF_FLAG (RN72_OFF_BAR + RN72_BARRIERS * 8)  // int [2]: the tile rescales O^T
+#define RN72_SMEM_BYTES (RN72_OFF_FLAG + 2 * 4)
+#define RN72_SLACK 8.f  // log2 units a score may exceed its row's shift before the shift moves
 static_assert(RN72_SMEM_BYTES <= 227 * 1024, "one block per SM");
 static_assert(4 * RN72_ROWS * 4 <= RN72_QBOX, "the max partials fit in the P tile");
 
@@ -54,7 +58,15 @@ static_assert(4 * RN72_ROWS * 4 <= RN72_QBOX, "the max partials fit in the P til
 
 __device__ __forceinline__ void rn72_wait_group1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
-#define RN72_NB0 3  // value blocks (64 columns) of warpgroup 0's O^T; warpgroup 1 has the other 5
+// OR of `v` over the `count` threads of named barrier `id` (a barrier as well).
+__device__ __forceinline__ bool nb_any(int id, int count, bool v) {
+  att_u32 r;
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 q, %1, 0;\nbar.red.or.pred p, %2, %3, q;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(r) : "r"((att_u32)v), "r"(id), "r"(count) : "memory");
+  return r != 0;
+}
+
+#define RN72_NB0 2  // value blocks (64 columns) of warpgroup 0's O^T; warpgroup 1 has the other 6
 
 // Issue value boxes [b0, b1) of the tile at kv map row row0 into stage st (one thread).
 __device__ __forceinline__ void rn72_load_boxes(const AttTensorMap* map, att_u32 sV, att_u32 bar, int st, int b0,
@@ -76,13 +88,14 @@ __device__ __forceinline__ int rn72_col(int ci, int tig) { return 8 * (ci >> 1) 
 // O^T value blocks [i0, i0 + NB) of a tile: A = the stage's box i read MN-major, B = P.
 template <int NB>
 __device__ __forceinline__ void rn72_pv(float* o, att_u32 sVst, att_u32 sP, int i0) {
+  att_u64 dV = wg_desc(sVst + i0 * RN72_BOX, RN72_BOX, 1024), dP = wg_desc(sP, 16, 1024);
+  asm volatile("" : "+l"(dV), "+l"(dP));
   wg_fence();
 #pragma unroll
   for (int i = 0; i < NB; ++i)
 #pragma unroll
     for (int t = 0; t < FUSED_BN / 16; ++t)
-      wg_mma<RN72_ROWS, 1>(o + i * 36, wg_desc(sVst + (i0 + i) * RN72_BOX + t * 16 * 128, RN72_BOX, 1024),
-                           wg_desc(sP + 32 * t, 16, 1024));
+      wg_mma<RN72_ROWS, 1>(o + i * 36, wg_desc_add(dV, i * RN72_BOX + t * 16 * 128), wg_desc_add(dP, 32 * t));
   wg_commit();
 }
 
@@ -114,7 +127,7 @@ __device__ __forceinline__ void rn72_store(const float* o, const float* inv_s, c
 // Warpgroup 0: S^T of every tile, the softmax, P, O^T value blocks 0 .. RN72_NB0 - 1; at the end
 // the row sums, lse and 1 / sum for both warpgroups.
 __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, att_u32 sV, att_u32 sR, att_u32 sP,
-                                         float* red, float* sAlpha, att_u32 bar, const FusedBlock& k, int rows,
+                                         float* red, float* sAlpha, int* sRescale, att_u32 bar, const FusedBlock& k, int rows,
                                          int row_base, int n_tiles, const long long* __restrict__ vis, int N, int H,
                                          int W, int tid, int wq, int gid, int tig, float scale_log2,
                                          att_bf16* __restrict__ out, float* __restrict__ lse,
@@ -136,17 +149,19 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
     mb_wait(bar + 8 * (RN72_FULL_HI + st), (i >> 1) & 1);
     mb_wait(bar + 8 * (RN72_FULL_LO + st), (i >> 1) & 1);
     mb_wait(bar + 8 * RN72_FULL_R, i & 1);
+    // Descriptors kept opaque per tile, so that each k-step's is one add next to its wgmma instead
+    // of all 72 hoisted out of the tile loop into registers.
+    att_u64 dQ = wg_desc(sQ, 16, 1024), dK = wg_desc(sVst, 16, 1024), dR = wg_desc(sR, 16, 1024);
+    asm volatile("" : "+l"(dQ), "+l"(dK), "+l"(dR));
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)  // the rope box first: its slot refills once these are done
-      wg_mma<RN72_ROWS, 0>(s, wg_desc(sR + ks * 32, 16, 1024), wg_desc(sQ + 8 * RN72_QBOX + ks * 32, 16, 1024),
-                           ks == 0 ? 0 : 1);
+      wg_mma<RN72_ROWS, 0>(s, wg_desc_add(dR, ks * 32), wg_desc_add(dQ, 8 * RN72_QBOX + ks * 32), ks == 0 ? 0 : 1);
     wg_commit();
 #pragma unroll
     for (int ks = 0; ks < 32; ++ks) {  // value boxes RN72_NB0 .. 7, then 0 .. RN72_NB0 - 1
       const int b = (RN72_NB0 + (ks >> 2)) & 7;
-      wg_mma<RN72_ROWS, 0>(s, wg_desc(sVst + b * RN72_BOX + (ks & 3) * 32, 16, 1024),
-                           wg_desc(sQ + b * RN72_QBOX + (ks & 3) * 32, 16, 1024));
+      wg_mma<RN72_ROWS, 0>(s, wg_desc_add(dK, b * RN72_BOX + (ks & 3) * 32), wg_desc_add(dQ, b * RN72_QBOX + (ks & 3) * 32));
     }
     wg_commit();
     rn72_wait_group1();  // the rope k-steps are done
@@ -158,9 +173,13 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
     // The P tile holds the max partials until P is written: warpgroup 1 must be done reading P
     // of tile i - 1 (its O^T waited).
     if (i > 0) mb_wait(bar + 8 * RN72_PEMPTY, (i - 1) & 1);
-    // Scale to the log2 domain, mask (only tiles that reach the tree rows or the range end),
-    // and each column's max over this thread's two tokens, the warp's 16, into the partials.
+    // Scale to the log2 domain and mask (only tiles that reach the tree rows or the range end).
+    // The shift of a row's exponentials is its running max m, kept until a tile's score exceeds
+    // it by more than RN72_SLACK (FlashAttention-4's conditional rescale): P then stays below
+    // 2^RN72_SLACK, and a tile that exceeds nowhere (one OR over the warpgroup) skips the
+    // cross-warp max and both warpgroups' rescale of O^T.
     const bool edge = (T + FUSED_BN > k.p) || (T + FUSED_BN > k.hi);
+    bool over = false;
 #pragma unroll
     for (int ci = 0; ci < 18; ++ci) {
       float& s0 = s[4 * (ci >> 1) + (ci & 1)];
@@ -174,35 +193,50 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
         if (t0 >= end || !att_kv_visible(t0, k.p, vrow)) s0 = ATT_NEG_INF;
         if (t0 + 8 >= end || !att_kv_visible(t0 + 8, k.p, vrow)) s1 = ATT_NEG_INF;
       }
-      float mx = fmaxf(s0, s1);
-#pragma unroll
-      for (int off = 4; off <= 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      if (gid == 0) red[wq * RN72_ROWS + rn72_col(ci, tig)] = mx;
+      over |= fmaxf(s0, s1) > m[ci] + RN72_SLACK;
     }
-    nb_sync(1, 128);
-    // The tile's max, the rescale of the running sums and of this warpgroup's O^T, P.
+    if (nb_any(1, 128, over)) {
+      // The full step: each row's max over the tile (8 lanes, then the 4 warps through the
+      // partials), the new shift, and the rescale alpha of the running sums and of O^T.
+#pragma unroll
+      for (int ci = 0; ci < 18; ++ci) {
+        float mx = fmaxf(s[4 * (ci >> 1) + (ci & 1)], s[4 * (ci >> 1) + 2 + (ci & 1)]);
+#pragma unroll
+        for (int off = 4; off <= 16; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        if (gid == 0) red[wq * RN72_ROWS + rn72_col(ci, tig)] = mx;
+      }
+      nb_sync(1, 128);
+#pragma unroll
+      for (int ci = 0; ci < 18; ++ci) {
+        const int col = rn72_col(ci, tig);
+        const float tmx = fmaxf(fmaxf(red[col], red[RN72_ROWS + col]),
+                                fmaxf(red[2 * RN72_ROWS + col], red[3 * RN72_ROWS + col]));
+        const float mn = fmaxf(m[ci], tmx);
+        const float mu = mn == ATT_NEG_INF ? 0.f : mn;  // a column that has seen no key yet
+        const float alpha = att_exp2(m[ci] - mu);
+        m[ci] = mn;
+        l[ci] *= alpha;
+        if (wq == 0 && gid == 0) sAlpha[st * RN72_ROWS + col] = alpha;
+#pragma unroll
+        for (int b = 0; b < RN72_NB0; ++b) {
+          o[b * 36 + 4 * (ci >> 1) + (ci & 1)] *= alpha;
+          o[b * 36 + 4 * (ci >> 1) + 2 + (ci & 1)] *= alpha;
+        }
+      }
+      if (tid == 0) sRescale[st] = 1;
+      nb_sync(1, 128);  // every warp read the partials: P may overwrite them
+    } else if (tid == 0) {
+      sRescale[st] = 0;
+    }
 #pragma unroll
     for (int ci = 0; ci < 18; ++ci) {
-      const int col = rn72_col(ci, tig);
-      const float tmx = fmaxf(fmaxf(red[col], red[RN72_ROWS + col]),
-                              fmaxf(red[2 * RN72_ROWS + col], red[3 * RN72_ROWS + col]));
-      const float mn = fmaxf(m[ci], tmx);
-      const float mu = mn == ATT_NEG_INF ? 0.f : mn;  // a column that has seen no key yet
-      const float alpha = att_exp2(m[ci] - mu);
-      m[ci] = mn;
+      const float mu = m[ci] == ATT_NEG_INF ? 0.f : m[ci];
       float& p0 = s[4 * (ci >> 1) + (ci & 1)];
       float& p1 = s[4 * (ci >> 1) + 2 + (ci & 1)];
       p0 = att_exp2(p0 - mu);
       p1 = att_exp2(p1 - mu);
-      l[ci] = l[ci] * alpha + (p0 + p1);
-      if (wq == 0 && gid == 0) sAlpha[st * RN72_ROWS + col] = alpha;
-#pragma unroll
-      for (int b = 0; b < RN72_NB0; ++b) {
-        o[b * 36 + 4 * (ci >> 1) + (ci & 1)] *= alpha;
-        o[b * 36 + 4 * (ci >> 1) + 2 + (ci & 1)] *= alpha;
-      }
+      l[ci] += p0 + p1;
     }
-    nb_sync(1, 128);  // every warp read the partials: P may overwrite them
     // P as bf16, K-major: row (block row) = the column, tokens along K.
 #pragma unroll
     for (int e = 0; e < 36; ++e) {
@@ -259,6 +293,7 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
 // Warpgroup 1: O^T value blocks RN72_NB0 .. 7 of every tile once P is published, and the refill
 // of those boxes.
 __device__ __forceinline__ void rn72_wg1(const AttTensorMap* map, att_u32 sV, att_u32 sP, const float* sAlpha,
+                                         const int* sRescale,
                                          att_u32 bar, const FusedBlock& k, int rows, int row_base, int n_tiles,
                                          int tid, int wq, int gid, int tig, att_bf16* __restrict__ out,
                                          att_bf16* __restrict__ o_part, int B, int slot0) {
@@ -269,6 +304,7 @@ __device__ __forceinline__ void rn72_wg1(const AttTensorMap* map, att_u32 sV, at
   for (int i = 0; i < n_tiles; ++i) {
     const int st = i & 1, kt = k.kt0 + i;
     mb_wait(bar + 8 * RN72_PFULL, i & 1);
+    if (sRescale[st])  // the tile moved some row's shift: rescale this warpgroup's O^T
 #pragma unroll
     for (int ci = 0; ci < 18; ++ci) {
       const float a = sAlpha[st * RN72_ROWS + rn72_col(ci, tig)];
@@ -302,6 +338,7 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
   const att_u32 sQ = base, sV = base + RN72_OFF_V, sR = base + RN72_OFF_R, sP = base + RN72_OFF_P;
   float* red = reinterpret_cast<float*>(smem + RN72_OFF_P);     // [4 warps][72], before P is written
   float* sAlpha = reinterpret_cast<float*>(smem + RN72_OFF_A);  // [2][72]
+  int* sRescale = reinterpret_cast<int*>(smem + RN72_OFF_FLAG);   // [2]
   const att_u32 bar = base + RN72_OFF_BAR;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
@@ -343,10 +380,10 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
   __syncthreads();
 
   if (wg == 0)
-    rn72_wg0(map, sQ, sV, sR, sP, red, sAlpha, bar, k, rows, row_base, n_tiles, vis, N, H, W, tid, wq, gid, tig,
+    rn72_wg0(map, sQ, sV, sR, sP, red, sAlpha, sRescale, bar, k, rows, row_base, n_tiles, vis, N, H, W, tid, wq, gid, tig,
              scale_log2, out, lse, o_part, lse_part, B, slot0);
   else
-    rn72_wg1(map, sV, sP, sAlpha, bar, k, rows, row_base, n_tiles, tid, wq, gid, tig, out, o_part, B, slot0);
+    rn72_wg1(map, sV, sP, sAlpha, sRescale, bar, k, rows, row_base, n_tiles, tid, wq, gid, tig, out, o_part, B, slot0);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

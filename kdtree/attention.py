@@ -80,9 +80,9 @@ _TMA_THREADS = 384
 # mbarriers (PAIR_SMEM_BYTES), 256 threads (no producer warpgroup).
 _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 # rn72 (cuda/verify_attention_rows_n72.cu, RN72_SMEM_BYTES): Q of 72 rows, two stages of the 8
-# value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers; no base slack.
+# value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
 _RN72_ROWS = 72
-_RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8
+_RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
 # on an H200 (docs/perf_log.md, session 16); choose_splits weighs the partials with it, past
