@@ -51,8 +51,9 @@ _SRC_WGMMA = "verify_attention_wgmma"
 _SRC_ROWS_N = "verify_attention_rows_n"
 _SRC_TMA = "verify_attention_tma"
 _SRC_PAIR = "verify_attention_pair"
-FUSED_IMPLS = ("mma", "wgmma", "tma", "tma_seq", "pair")
-_WGMMA_IMPLS = ("wgmma", "tma", "tma_seq", "pair")  # sm_90a kernels, built by nvcc
+_SRC_RN72 = "verify_attention_rows_n72"
+FUSED_IMPLS = ("mma", "wgmma", "tma", "tma_seq", "pair", "rn72")
+_WGMMA_IMPLS = ("wgmma", "tma", "tma_seq", "pair", "rn72")  # sm_90a kernels, built by nvcc
 _TMA_MAP_IMPLS = ("tma", "tma_seq", "pair")  # take the kv tensor map
 # The fused kernel an sm_90 GPU runs unless told otherwise: on an H200, 1.10-1.16x faster than
 # tma_seq (the default before) at every shape timed (docs/perf_log.md, verify attention v8) but
@@ -78,6 +79,10 @@ _TMA_THREADS = 384
 # pair (cuda/verify_attention_pair.cu): the same tiles + sM, sScale0, sScale1, sRed [2] rows and 25
 # mbarriers (PAIR_SMEM_BYTES), 256 threads (no producer warpgroup).
 _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
+# rn72 (cuda/verify_attention_rows_n72.cu, RN72_SMEM_BYTES): Q of 72 rows, two stages of the 8
+# value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
+_RN72_ROWS = 72
+_RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
 # on an H200 (docs/perf_log.md, session 16); choose_splits weighs the partials with it, past
@@ -325,6 +330,13 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
             np.int32(B), np.int32(kv.shape[1]), np.int32(N), np.int32(H), np.int32(vis.shape[2]),
             np.int32(splits), np.int32(slot0), np.int32(mode))
     grid = (-(-(N * H) // tile_rows), splits, B)
+    if impl == "rn72":
+        from kdtree.tensor_map import bf16_matrix_map
+
+        fn = _kernel("verify_fused_rn72", _index(q.device), _SRC_RN72, "nvcc")
+        args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK, _FUSED_BN, 64))
+        launch(fn, grid, (_FUSED_THREADS,), args, shared_mem=_RN72_SMEM, device=q.device)
+        return
     if layout == "rows_n":
         fn = _kernel(_rows_n_kernel(tile_rows), _index(q.device), _SRC_ROWS_N, "nvcc")
         launch(fn, grid, (_FUSED_THREADS,), args + (np.int32(tile_rows), np.float32(scale_log2)),
@@ -442,10 +454,14 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         raise ValueError(f"impl: expected one of {FUSED_IMPLS}, got {impl!r}")
     if layout not in (None,) + LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    if layout == "rows_n" and (impl != "wgmma" or variant != "fused"):
+    if impl == "rn72":
+        if layout == "rows_m" or variant != "fused":
+            raise ValueError("impl: 'rn72' runs only the fused variant, in the rows_n layout")
+        layout = "rows_n"
+    if layout == "rows_n" and (impl not in ("wgmma", "rn72") or variant != "fused"):
         raise ValueError("layout: 'rows_n' runs only the fused variant on the wgmma kernel")
     rows = nodes * heads
-    tile = rows_n_tile(rows) if layout == "rows_n" else _FUSED_BM
+    tile = (_RN72_ROWS if impl == "rn72" else rows_n_tile(rows)) if layout == "rows_n" else _FUSED_BM
     layout = layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes

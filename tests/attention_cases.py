@@ -36,7 +36,7 @@ def available_kernels() -> tuple:
     kernels (rows_m)."""
     if fused_impl(torch.cuda.current_device()) in _WGMMA_IMPLS:
         return (("mma", "rows_m"), ("wgmma", "rows_m"), ("wgmma", "rows_n"), ("tma", "rows_m"),
-                ("tma_seq", "rows_m"), ("pair", "rows_m"))
+                ("tma_seq", "rows_m"), ("pair", "rows_m"), ("rn72", "rows_n"))
     return (("mma", "rows_m"),)
 
 

@@ -803,11 +803,13 @@ RN_CASES = [
 @gpu
 @pytest.mark.parametrize("splits", [None, 3])
 @pytest.mark.parametrize("case", RN_CASES, ids=_ids(RN_CASES))
-def test_rows_n_matches_reference(case, splits, gen):
-    """The transposed-layout wgmma kernel (rows on wgmma's N) against float64 on fresh trees."""
-    if ("wgmma", "rows_n") not in available_kernels():
-        pytest.skip("rows_n needs the wgmma kernel (sm_90 + nvcc)")
-    _run_and_check("fused", case, gen, extra=5, splits=splits, impl="wgmma", layout="rows_n")
+@pytest.mark.parametrize("impl", ["wgmma", "rn72"])
+def test_rows_n_matches_reference(impl, case, splits, gen):
+    """The transposed-layout wgmma kernels (rows on wgmma's N: v4's blocks of up to 64 rows, and
+    rn72's of 72) against float64 on fresh trees."""
+    if (impl, "rows_n") not in available_kernels():
+        pytest.skip(f"rows_n on {impl} needs an sm_90a kernel (sm_90 + nvcc)")
+    _run_and_check("fused", case, gen, extra=5, splits=splits, impl=impl, layout="rows_n")
 
 
 @gpu
@@ -835,6 +837,7 @@ def _run_and_check(variant, case, gen, extra, **run):
 
 KERNELS = [("fused", "mma", "rows_m"), ("fused", "wgmma", "rows_m"), ("fused", "wgmma", "rows_n"),
            ("fused", "tma", "rows_m"), ("fused", "tma_seq", "rows_m"), ("fused", "pair", "rows_m"),
+           ("fused", "rn72", "rows_n"),
            ("cascade", "mma", None), ("cascade", "wgmma", None), ("cascade", "tma", None),
            ("cascade", "tma_seq", None), ("cascade", "pair", None)]
 
@@ -947,7 +950,7 @@ def test_device_mismatch_raises(gen):
 # Every fused kernel under compute-sanitizer's three tools. (The retired v5 pingpong kernels, whose
 # named-barrier handoffs racecheck reported although they were not races, carried strict xfails
 # here; the TMA kernels hand everything over on mbarriers and are expected clean.)
-_SANITIZED = [(tool, kernel) for kernel in ("mma", "wgmma", "rows_n", "tma", "tma_seq", "pair")
+_SANITIZED = [(tool, kernel) for kernel in ("mma", "wgmma", "rows_n", "tma", "tma_seq", "pair", "rn72")
               for tool in ("memcheck", "racecheck", "synccheck")]
 
 
