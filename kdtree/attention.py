@@ -82,6 +82,12 @@ _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 # rn72 (cuda/verify_attention_rows_n72.cu, RN72_SMEM_BYTES): Q of 72 rows, two stages of the 8
 # value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
 _RN72_ROWS = 72
+# A fused launch that names no kernel nor layout runs rn72 where its 72-row blocks compute at most
+# this share of the rows 64-row tiles would (H = 8: N = 9's 72 rows against 128, N = 17's 144
+# against 192) in at most this many KV splits. On an H100 (scripts/rows_n72_ab.py,
+# docs/perf_log.md, session 32) rn72 took 0.84-1.00x pair's time at B = 64 with one or two
+# splits, and 1.03-1.73x with 4 to 29 (B = 1 and 8).
+_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS = 0.75, 2
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
@@ -428,16 +434,20 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         Streaming multiprocessors of the device (132 on an H200).
     impl : str, optional
         The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``): ``pair`` / ``tma_seq`` /
-        ``tma`` (rows_m only), ``wgmma`` or ``mma``. Default: ``wgmma`` for the rows_n layout;
-        else, for ``fused``, the sm_90a kernel ``sm90_impl`` picks for the launch (``pair`` or
-        ``tma_seq``), and ``SM90_IMPL`` for ``cascade``.
+        ``tma`` (rows_m only), ``rn72`` (rows_n only), ``wgmma`` or ``mma``. Default: ``wgmma``
+        for the rows_n layout; else, for ``fused``, ``rn72`` where its 72-row blocks compute at
+        most ``_RN72_MAX_ROW_SHARE`` of the rows 64-row tiles would in at most
+        ``_RN72_MAX_SPLITS`` splits (and no layout is forced), otherwise the rows_m kernel
+        ``sm90_impl`` picks for the launch (``pair`` or ``tma_seq``); ``SM90_IMPL`` for
+        ``cascade``.
     splits : int, optional
         Force the KV split count (default: ``choose_splits``).
     layout : str, optional
-        Force ``rows_m`` or ``rows_n`` (``fused`` on wgmma only). The default is ``rows_m``
-        everywhere: on an H200 the rows_n kernel costs about 1.4x rows_m's time per KV tile at
-        every row count it supports, and it needs as many blocks, so it lost at every measured
-        shape, the padded H = 8, N = 9 one included (docs/perf_log.md, verify_attention v4).
+        Force ``rows_m`` or ``rows_n`` (``fused`` on wgmma or rn72 only). The default is
+        ``rows_m`` but where ``rn72`` is picked (above): on an H200 v4's rows_n kernel (``wgmma``,
+        at most 64 rows a block) costs about 1.4x rows_m's time per KV tile at every row count it
+        supports, and it needs as many blocks, so it lost at every measured shape, the padded
+        H = 8, N = 9 one included (docs/perf_log.md, verify_attention v4).
 
     Returns
     -------
@@ -462,9 +472,14 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         raise ValueError("layout: 'rows_n' runs only the fused variant on the wgmma kernel")
     rows = nodes * heads
     tile = (_RN72_ROWS if impl == "rn72" else rows_n_tile(rows)) if layout == "rows_n" else _FUSED_BM
-    layout = layout or "rows_m"
+    layout_forced, layout = layout, layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
+    if by_launch and layout_forced is None:
+        t72 = -(-rows // _RN72_ROWS)
+        s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows)
+        if t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile and s72 <= _RN72_MAX_SPLITS:
+            return LaunchPlan("fused", "rn72", "rows_n", _RN72_ROWS, s72, s72 if s72 > 1 else 0, 2 if s72 > 1 else 1)
     s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
     if by_launch:
         impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)

@@ -5,7 +5,9 @@ against float64 on the first and last sequence, then timed by CUDA-graph replay 
 alternating (``attention_dev.time_configs``). Prints one line a shape; with a path, writes the rows
 as ``attention_dev.py``'s CSV (``perf_tables.py attention-dev CSV fused_pair``).
 
-    python scripts/rows_n72_ab.py [OUT_CSV]
+    python scripts/rows_n72_ab.py [OUT_CSV [B,N,H,P ...]]
+
+(default shapes: ``SHAPES``)
 """
 import csv
 import sys
@@ -20,14 +22,14 @@ SHAPES = [(64, 9, 8, 16384), (8, 9, 8, 16384), (64, 9, 8, 4096), (8, 9, 8, 32768
 CONFIGS = [("fused", "pair"), ("fused", "rn72")]
 
 
-def main(path=None) -> int:
+def main(path=None, *shapes) -> int:
     dev = torch.device("cuda")
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     bw, rate, _ = ceilings()
     print(f"{torch.cuda.get_device_name(0)}: HBM {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s", flush=True)
     gen = torch.Generator().manual_seed(12)
     rows, ok = [], True
-    for B, N, H, P in SHAPES:
+    for B, N, H, P in [tuple(int(v) for v in s.split(",")) for s in shapes] or SHAPES:
         tree, pl, sets = input_sets(B, N, H, P, gen, l2)
         out = (torch.empty(B, N, H, D_V, dtype=torch.bfloat16, device=dev),
                torch.empty(B, N, H, dtype=torch.float32, device=dev))
@@ -64,4 +66,4 @@ def main(path=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:2]))
+    sys.exit(main(*sys.argv[1:]))

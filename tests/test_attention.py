@@ -241,7 +241,8 @@ def test_choose_splits_keeps_the_counts_timed_faster():
     fused = d[d.config == "fused"]
     assert len(fused) == 192
     for r in fused.itertuples():
-        plan = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=132)
+        plan = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=132,
+                           layout="rows_m")  # the grid ran the rows_m kernels everywhere
         assert plan.splits == r.splits, (r.B, r.N, r.H, r.P)
 
 
@@ -328,12 +329,38 @@ def test_launch_plan_layout(layout, heads, nodes, batch, rows_n_tile_rows):
     in as many blocks; splits follow choose_splits over the plan's blocks."""
     p = launch_plan("fused", batch=batch, nodes=nodes, heads=heads, kv_rows=16384 + nodes, num_sms=132,
                     layout=layout)
+    if layout is None and p.impl == "rn72":  # see test_launch_plan_picks_rn72_where_it_computes_fewer_rows
+        return
     tile = rows_n_tile_rows if layout == "rows_n" else 64
     assert (p.layout, p.tile_rows) == (layout or "rows_m", tile)
     blocks = -(-(nodes * heads) // tile) * batch
     assert blocks == -(-(nodes * heads) // 64) * batch
     assert p.splits == choose_splits(blocks, 16384 + nodes, 132, batch * nodes * heads)
     assert p.partial_slots == (p.splits if p.splits > 1 else 0) and p.launches == (2 if p.splits > 1 else 1)
+
+
+def test_launch_plan_picks_rn72_where_it_computes_fewer_rows():
+    """A fused launch that names no kernel nor layout runs rn72 where 72-row blocks compute at most
+    3/4 of 64-row tiles' rows in one or two splits: of the shard grid, B = 64 at H = 8 with N = 9
+    (72 rows against 128) or 17 (144 against 192), and H = 16 with N = 9; never at H = 64 (its
+    rows fill 64-row tiles), never with more splits, never when a kernel or a layout is named."""
+    picked = set()
+    for B in (1, 4, 8, 16, 64):
+        for H in (8, 16, 32, 64):
+            for N in (9, 17, 33, 65, 129):
+                for P in (1024, 4096, 16384, 32768):
+                    p = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132)
+                    if p.impl == "rn72":
+                        assert (p.layout, p.tile_rows) == ("rows_n", 72) and p.splits <= 2
+                        picked.add((B, N, H))
+    assert picked == {(64, 9, 8), (64, 17, 8), (64, 9, 16)}
+    kw = dict(batch=64, nodes=9, heads=8, kv_rows=16384 + 9, num_sms=132)
+    assert launch_plan("fused", **kw).splits == 2
+    assert launch_plan("fused", layout="rows_m", **kw).impl == SM90_IMPL
+    assert launch_plan("fused", impl="pair", **kw).impl == "pair"
+    assert launch_plan("fused", layout="rows_n", **kw).impl == "wgmma"
+    assert launch_plan("cascade", **kw).impl == SM90_IMPL
+    assert launch_plan("fused", splits=3, **kw).impl == SM90_IMPL  # a forced split count past the rule's
 
 
 def test_launch_plan_rows_n_only_where_it_runs():
@@ -387,8 +414,8 @@ def test_the_sm90_choice_is_the_faster_kernel_of_the_committed_h200_grid():
     seq = d[(d.config == "fused_tma_seq") & d.us.notna()].set_index(key).us
     both = pair.index.intersection(seq.index)
     assert len(both) == 192
-    picked = {k: launch_plan("fused", batch=k[0], nodes=k[1], heads=k[2], kv_rows=k[3] + k[1], num_sms=132).impl
-              for k in both}
+    picked = {k: launch_plan("fused", batch=k[0], nodes=k[1], heads=k[2], kv_rows=k[3] + k[1], num_sms=132,
+                             layout="rows_m").impl for k in both}
     chosen = pd.Series({k: (seq if picked[k] == "tma_seq" else pair)[k] for k in both})
     best = pd.concat([pair[both], seq[both]], axis=1).min(axis=1)
     assert (chosen / best).max() <= 1.05

@@ -39,7 +39,7 @@ def test_useful_flops_and_minimum_bytes_follow_the_mla_model():
 
 @pytest.mark.parametrize("B,N,H,P", [(1, 33, 64, 4096), (1, 257, 64, 4096), (16, 65, 64, 4096), (4, 9, 8, 100)])
 def test_fused_follows_the_launch_plan(B, N, H, P):
-    plan = _plan("fused", B, N, H, P)
+    plan = _plan("fused", B, N, H, P, impl=None)  # the kernel the call picks (rn72 at 4, 9, 8, 100)
     c = models.verify_attention_cost("fused", batch=B, nodes=N, heads=H, prefix=P)
     assert c.launches == plan.launches and len(c.parts) == plan.launches
     tiles = math.ceil(N * H / plan.tile_rows)

@@ -431,8 +431,8 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     plan = _plan(variant, B, N, H, S, num_sms, impl, splits, layout)
     # rows_n entries carry their warpgroup split as a suffix (verify_fused_rows_n24...)
     # the wgmma kernels (v4, the v6 tma kernels, v8 pair) move the same tiles; the name joins the counters
-    kernel = {"rows_n": "verify_fused_rows_n"}.get(plan.layout,
-                                                  "verify_fused" if plan.impl == "mma" else f"verify_fused_{plan.impl}")
+    kernel = ("verify_fused_rows_n" if plan.layout == "rows_n" and plan.impl == "wgmma"
+              else "verify_fused" if plan.impl == "mma" else f"verify_fused_{plan.impl}")
     row_tiles = math.ceil(N * H / plan.tile_rows)       # per sequence; each reads its KV range once
     padded = B * row_tiles * plan.tile_rows
     part_bytes = rows * (V_DIM * PARTIAL_DTYPES[partials] + F32)     # one partial set (o, fp32 lse)
