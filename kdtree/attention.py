@@ -83,11 +83,12 @@ _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 # value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
 _RN72_ROWS = 72
 # A fused launch that names no kernel nor layout runs rn72 where its 72-row blocks compute at most
-# this share of the rows 64-row tiles would (H = 8: N = 9's 72 rows against 128, N = 17's 144
-# against 192) in at most this many KV splits. On an H100 (scripts/rows_n72_ab.py,
-# docs/perf_log.md, session 32) rn72 took 0.84-1.00x pair's time at B = 64 with one or two
-# splits, and 1.03-1.73x with 4 to 29 (B = 1 and 8).
-_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS = 0.75, 2
+# this share of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128) in at most this
+# many KV splits. On an H100 (scripts/rows_n72_ab.py, docs/perf_log.md, session 32) rn72 took
+# 0.84-1.00x pair's time at B = 64, N = 9, H = 8 (two splits), but 1.07-1.10x at B = 64 where it
+# saves only a quarter of the rows (N = 17, H = 8 and N = 9, H = 16 at P >= 16384) and 1.03-1.73x
+# with 4 to 29 splits (B = 1 and 8).
+_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS = 0.6, 2
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
