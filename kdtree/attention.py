@@ -220,19 +220,22 @@ def fused_impl(index: int) -> str:
     it was faster than ``tma_seq`` (the default before) at every shape timed (docs/perf_log.md)
     but launches of many short splits, where ``launch_plan`` runs ``tma_seq`` instead
     (``sm90_impl``, ``default_impl``). The environment variable ``KDTREE_FUSED_IMPL`` (one of
-    ``FUSED_IMPLS``) overrides the choice at every shape: ``tma_seq``, ``tma``
-    (``cuda/verify_attention_tma.cu``) and ``wgmma`` (``cuda/verify_attention_wgmma.cu``), all
-    sm_90a, run only when asked.
+    ``FUSED_IMPLS`` but ``rn72``, which runs only fused calls) overrides the choice at every shape:
+    ``tma_seq``, ``tma`` (``cuda/verify_attention_tma.cu``) and ``wgmma``
+    (``cuda/verify_attention_wgmma.cu``), all sm_90a, run only when asked.
     """
     import shutil
 
+    forced = os.environ.get("KDTREE_FUSED_IMPL")
+    if forced is not None and forced not in FUSED_IMPLS:
+        raise ValueError(f"KDTREE_FUSED_IMPL: expected one of {FUSED_IMPLS}, got {forced!r}")
+    if forced == "rn72":  # it cannot be every shape's kernel: cascade's passes are rows_m
+        raise ValueError("KDTREE_FUSED_IMPL=rn72: rn72 runs fused calls in the rows_n layout only (cascade "
+                         "cannot run it); fused calls pick it where it was timed faster")
     have_nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
     sm90 = torch.cuda.get_device_capability(index) == (9, 0)
-    forced = os.environ.get("KDTREE_FUSED_IMPL")
     if forced is None:
         return SM90_IMPL if sm90 and have_nvcc else "mma"
-    if forced not in FUSED_IMPLS:
-        raise ValueError(f"KDTREE_FUSED_IMPL: expected one of {FUSED_IMPLS}, got {forced!r}")
     if forced in _WGMMA_IMPLS and not (sm90 and have_nvcc):
         raise ValueError(f"KDTREE_FUSED_IMPL={forced}: needs an sm_90 GPU and nvcc (for sm_90a)")
     return forced

@@ -19,8 +19,8 @@ import torch
 import kdtree
 import kdtree.kernels
 from attention_cases import LSE_TOL, REL_TOL, available_kernels, random_case, tree_to
-from kdtree.attention import (D_QK, D_V, SM90_IMPL, choose_splits, errors, launch_plan, reference_attention,
-                              rows_n_tile, sm90_impl, verify_attention, _run_cuda)
+from kdtree.attention import (D_QK, D_V, SM90_IMPL, choose_splits, errors, fused_impl, launch_plan,
+                              reference_attention, rows_n_tile, sm90_impl, verify_attention, _run_cuda)
 from kdtree.tensor_map import bf16_matrix_map
 from kdtree.tree import Tree
 
@@ -382,6 +382,16 @@ def test_rn72_is_picked_only_where_it_was_timed_faster_than_pair(run):
             assert r < 1.0, (k, r)
         if r > 1.0:
             assert picked[k] != "rn72", (k, r)
+
+
+@pytest.mark.parametrize("value, message", [("rn72", "rn72 runs fused calls in the rows_n layout only"),
+                                            ("pairs", "KDTREE_FUSED_IMPL: expected one of")])
+def test_fused_impl_refuses_what_cannot_run_every_shape(value, message, monkeypatch):
+    """KDTREE_FUSED_IMPL names the kernel of every fused and cascade call: a typo, or rn72 (which
+    no cascade pass can run), is refused by name before any device is asked."""
+    monkeypatch.setenv("KDTREE_FUSED_IMPL", value)
+    with pytest.raises(ValueError, match=message):
+        fused_impl(0)
 
 
 def test_launch_plan_rows_n_only_where_it_runs():
