@@ -473,7 +473,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
             raise ValueError("impl: 'rn72' runs only the fused variant, in the rows_n layout")
         layout = "rows_n"
     if layout == "rows_n" and (impl not in ("wgmma", "rn72") or variant != "fused"):
-        raise ValueError("layout: 'rows_n' runs only the fused variant on the wgmma kernel")
+        raise ValueError("layout: 'rows_n' runs only the fused variant on the wgmma or rn72 kernel")
     rows = nodes * heads
     tile = (_RN72_ROWS if impl == "rn72" else rows_n_tile(rows)) if layout == "rows_n" else _FUSED_BM
     layout_forced, layout = layout, layout or "rows_m"
