@@ -479,12 +479,12 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     layout_forced, layout = layout, layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
-    if by_launch and layout_forced is None:
+    s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
+    if by_launch and layout_forced is None:  # rn72 where 72-row blocks save enough padded rows
         t72 = -(-rows // _RN72_ROWS)
         s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows)
         if t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile and s72 <= _RN72_MAX_SPLITS:
-            return LaunchPlan("fused", "rn72", "rows_n", _RN72_ROWS, s72, s72 if s72 > 1 else 0, 2 if s72 > 1 else 1)
-    s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
+            by_launch, impl, layout, tile, s = False, "rn72", "rows_n", _RN72_ROWS, s72
     if by_launch:
         impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
     if variant == "fused":
