@@ -50,6 +50,7 @@ struct FusedBlock {
   int b, split, NH, g0;  // sequence, split, rows per sequence, first (query, head) row
   int p, lo, hi;         // clamped prefix length and the pass's KV range [lo, hi)
   int kt0, kt1;          // this split's KV tiles
+  bool direct;           // a whole row tile in a head/tail launch (fused_block_ht): out and lse, no partial
 };
 
 // The tree node of tile row r (padding rows past N * H count as the last node).
@@ -67,13 +68,14 @@ __device__ __forceinline__ int fused_row_end(const FusedBlock& k, int N, int H, 
 // rows past the block's last node are masked for every row of the block: the range ends after it
 // (node n's row of the cache is p + n). At H = 64 a block holds one node, and a node halfway down
 // an N = 513 tree walks 256 tree rows fewer than the whole tree's.
-__device__ __forceinline__ FusedBlock fused_block(const int* prefix_lens, int S, int N, int H, int splits,
-                                                  int mode, int tile_rows = FUSED_BM) {
+__device__ __forceinline__ FusedBlock fused_block_at(const int* prefix_lens, int S, int N, int H, int splits,
+                                                     int mode, int tile_rows, int b, int x, int split) {
   FusedBlock k;
-  k.b = blockIdx.z;
-  k.split = blockIdx.y;
+  k.b = b;
+  k.split = split;
   k.NH = N * H;
-  k.g0 = blockIdx.x * tile_rows;
+  k.g0 = x * tile_rows;
+  k.direct = false;
   k.p = att_prefix(prefix_lens, k.b, N, S);
   att_kv_range(mode, k.p, N, k.lo, k.hi);
   k.hi = min(k.hi, fused_row_end(k, N, H, tile_rows - 1));
@@ -81,6 +83,37 @@ __device__ __forceinline__ FusedBlock fused_block(const int* prefix_lens, int S,
   const int per_split = (n_tiles + splits - 1) / splits;
   k.kt0 = k.split * per_split;
   k.kt1 = min(n_tiles, k.kt0 + per_split);
+  return k;
+}
+
+// The block of a (row tile, split, sequence) grid.
+__device__ __forceinline__ FusedBlock fused_block(const int* prefix_lens, int S, int N, int H, int splits,
+                                                  int mode, int tile_rows = FUSED_BM) {
+  return fused_block_at(prefix_lens, S, N, H, splits, mode, tile_rows, blockIdx.z, blockIdx.x, blockIdx.y);
+}
+
+// The block of a head/tail launch (a 1-D grid): the launch's B x ceil(N H / 64) row tiles are
+// numbered sequence-major; the first `head` of them run in `splits` splits (1: whole, writing out
+// and lse directly), the rest (the tail) in `tail_splits`. Blocks go split-major within each part,
+// head first, so the hardware, which hands out blocks in index order, starts the tail's short
+// blocks on the SMs the head's last partial wave leaves idle and on each SM as its head block ends
+// (kdtree.attention.choose_tail says when that beats one split count for all).
+__device__ __forceinline__ FusedBlock fused_block_ht(const int* prefix_lens, int S, int N, int H, int B,
+                                                     int splits, int head, int tail_splits, int mode) {
+  const int gx = (N * H + FUSED_BM - 1) / FUSED_BM, n_head = head * splits;
+  int f, split, s;
+  if ((int)blockIdx.x < n_head) {
+    f = blockIdx.x % head;
+    split = blockIdx.x / head;
+    s = splits;
+  } else {
+    const int t = blockIdx.x - n_head, tail = B * gx - head;
+    f = head + t % tail;
+    split = t / tail;
+    s = tail_splits;
+  }
+  FusedBlock k = fused_block_at(prefix_lens, S, N, H, s, mode, FUSED_BM, f / gx, f % gx, split);
+  k.direct = s == 1;
   return k;
 }
 

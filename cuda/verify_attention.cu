@@ -198,8 +198,10 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
   fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sAlpha, tid);
 }
 
-// out/lse of row g = blockIdx.x of sequence b = blockIdx.y from `slots` partials
-// (o_part [slots, B, NH, 512] normalised bf16, lse_part [slots, B, NH] log2). 128 threads x 4 cols.
+// out/lse of flat row row0 + blockIdx.y * gridDim.x + blockIdx.x (sequence-major; a (NH, B) grid
+// from row 0 covers every row) from `slots` partials, or `tail_slots` from row tail_row on (a
+// head/tail launch's tail, fused_block_ht) (o_part [slots, B, NH, 512] normalised bf16, lse_part
+// [slots, B, NH] log2). 128 threads x 4 cols.
 // Launched with programmatic dependent launch: its blocks may start on the SMs the kernel before
 // it leaves free, and wait here until that kernel (the partials' writer) has completed.
 // The combine runs after the whole split launch, so its time is the call's: one pass, each chunk
@@ -209,10 +211,10 @@ verify_fused(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
 #define COMBINE_CHUNK 4
 extern "C" __global__ void __launch_bounds__(128, 16)
 verify_combine(const att_bf16* __restrict__ o_part, const float* __restrict__ lse_part, att_bf16* __restrict__ out,
-               float* __restrict__ lse, int B, int NH, int slots) {
+               float* __restrict__ lse, int B, int NH, int slots, int row0, int tail_row, int tail_slots) {
   pdl_wait();
-  const int g = blockIdx.x, b = blockIdx.y;
-  const size_t stride = (size_t)B * NH, row = (size_t)b * NH + g;
+  const size_t stride = (size_t)B * NH, row = row0 + (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+  if (row >= (size_t)tail_row) slots = tail_slots;
   const int col = 4 * threadIdx.x;
   float m = ATT_NEG_INF, sum = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);

@@ -196,7 +196,8 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
                                           const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                                           att_bf16* __restrict__ out, float* __restrict__ lse,
                                           att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B, int S,
-                                          int N, int H, int W, int splits, int slot0, int mode, float scale_log2) {
+                                          int N, int H, int W, int splits, int slot0, int mode, int head,
+                                          int tail_splits, float scale_log2) {
   static_assert(FUSED_BM == 64 && FUSED_BN == 64 && ATT_D_V == 2 * 256 && ATT_D_QK == 576,
                 "verify_fused_pair: 64 x 64 tiles, 256 value columns a warpgroup, 9 boxes a tile");
   static_assert(PAIR_SMEM_BYTES <= 232448, "shared memory");
@@ -211,7 +212,9 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wtid = tid & 127, gid = lane >> 2, tig = lane & 3;
-  const FusedBlock k = fused_block(prefix_lens, S, N, H, splits, mode);
+  const FusedBlock k = head > 0 ? fused_block_ht(prefix_lens, S, N, H, B, splits, head, tail_splits, mode)
+                                 : fused_block(prefix_lens, S, N, H, splits, mode);
+  const bool part = o_part != nullptr && !k.direct;
   const int n = k.kt1 - k.kt0;  // tiles of this split
   const int row0 = k.b * S + k.lo + k.kt0 * FUSED_BN;
   AttTrace tr = att_trace_open(wg, wtid == 0);
@@ -401,12 +404,12 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
   pp_row_sums(l_lo, l_hi, sRed, wg, r_lo, r_hi, tig);
   nb_sync(PAIR_NB_ALL, PAIR_THREADS);  // both partial sums and the final sM; every product done
   att_trace_rec(tr, ATT_EV_EPI_SYNC, -1);
-  if (o_part == nullptr)
+  if (!part)
     pair_store_o(o, omap, sKV, k, k.b, r_lo, wg, tig, sRed, tid);
   else
     pair_store_o(o, pmap, sKV, k, (slot0 + k.split) * B + k.b, r_lo, wg, tig, sRed, tid);
   att_trace_rec(tr, ATT_EV_O_STORED, -1);
-  fused_store_lse(lse, lse_part, o_part != nullptr, k, B, slot0, sRed, sM, tid);
+  fused_store_lse(lse, lse_part, part, k, B, slot0, sRed, sM, tid);
   att_trace_rec(tr, ATT_EV_END, n);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -414,17 +417,18 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
 // kv and q are read only through `map` and `qmap` (the [B N H, 576] rows of q, 64 x 64 boxes like
 // the kv map's), and O written only through `omap` (out as B matrices of [N H, 512]) or, with split
 // partials, `pmap` (o_part as slots x B such matrices); the pointers stay for the common launch
-// protocol.
+// protocol. head > 0: a head/tail launch on a 1-D grid (fused_block_ht), its whole row tiles
+// written to out, its split ones to o_part.
 extern "C" __global__ void __launch_bounds__(PAIR_THREADS, 1)
     verify_fused_pair(const att_bf16* __restrict__ q, const att_bf16* __restrict__ kv,
                       const int* __restrict__ prefix_lens, const long long* __restrict__ vis,
                       att_bf16* __restrict__ out, float* __restrict__ lse, att_bf16* __restrict__ o_part,
                       float* __restrict__ lse_part, int B, int S, int N, int H, int W, int splits, int slot0,
-                      int mode, float scale_log2, const __grid_constant__ AttTensorMap map,
+                      int mode, int head, int tail_splits, float scale_log2, const __grid_constant__ AttTensorMap map,
                       const __grid_constant__ AttTensorMap qmap, const __grid_constant__ AttTensorMap omap,
                       const __grid_constant__ AttTensorMap pmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pair_body(&map, &qmap, &omap, &pmap, prefix_lens, vis, out, lse, o_part, lse_part, B, S, N, H, W, splits, slot0, mode,
-            scale_log2);
+            head, tail_splits, scale_log2);
 #endif
 }

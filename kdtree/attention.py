@@ -107,6 +107,12 @@ PARTIAL_DTYPE = torch.bfloat16
 # bytes (its blocks' prologue, Q reload and epilogue) is in this weight.
 _SPLIT_ROW_WEIGHT = D_V * 4 + 4
 _LOG2E = 1.4426950408889634
+# choose_tail's time units are KV tile periods: a block costs its tiles plus _BLOCK_TILES (its
+# prologue and epilogue: the one-split points of an H100 grid fit 2.6 us + 1.75 us a tile,
+# `perf_tables.py grid-waves`), a split block _PARTIAL_TILES more (its partial rows), a launch
+# with partials _COMBINE_TILES more (the combine). A head/tail plan replaces the uniform split
+# count only where it saves at least _TAIL_MIN_GAIN of that count's modelled time.
+_BLOCK_TILES, _PARTIAL_TILES, _COMBINE_TILES, _TAIL_MIN_GAIN = 1.5, 0.5, 2.0, 0.1
 
 
 def _check_aligned(name: str, t: torch.Tensor) -> None:
@@ -274,6 +280,83 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
     return best
 
 
+def _makespan(head_blocks: int, head_cost: float, tail_blocks: int, tail_cost: float, num_sms: int) -> float:
+    """When the last block of a launch ends, blocks handed out in index order to the SM that frees
+    first (one resident per SM): ``head_blocks`` of ``head_cost`` then ``tail_blocks`` of
+    ``tail_cost``. Equal blocks on identical SMs: the earliest-free rule is optimal, so the end is
+    the first time by which the SMs, free from the head's last wave on, fit every tail block."""
+    waves, r = divmod(head_blocks, num_sms)
+    a, b = waves * head_cost, (waves + 1) * head_cost   # num_sms - r SMs free at a, r at b
+    end = b if r else a
+    if tail_blocks == 0:
+        return end
+
+    def fits(t: float) -> bool:
+        return (num_sms - r) * math.floor((t - a) / tail_cost + 1e-9) + r * max(
+            0, math.floor((t - b) / tail_cost + 1e-9)) >= tail_blocks
+
+    best = math.inf
+    for start in (a, b) if r else (a,):
+        lo, hi = 1, -(-tail_blocks // (num_sms - r)) + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(start + mid * tail_cost) else (mid + 1, hi)
+        if fits(start + lo * tail_cost):
+            best = min(best, start + lo * tail_cost)
+    return max(end, best)
+
+
+def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int) -> tuple[int, int]:
+    """A head/tail schedule for a fused launch of ``row_tiles`` (row tile, sequence) blocks in
+    ``splits`` KV splits: ``(head, tail_splits)``, or ``(0, 0)`` to keep the uniform launch.
+
+    One split count for every row tile leaves the launch's last wave part empty: 144 row tiles of
+    17 KV tiles on 132 SMs (B = 16, N = 9, H = 64, P = 1024) run as two waves of 17 tiles. A
+    head/tail launch (``fused_block_ht``) runs the first ``head`` row tiles in ``splits`` splits,
+    a whole number of waves, and the rest, the tail, in ``tail_splits`` short blocks that the SMs
+    take as they free: 132 whole row tiles, then 12 row tiles in 11 splits, one short block an SM.
+    Modelled in KV tile periods (``_makespan``, ``_BLOCK_TILES``...); a tail plan replaces the
+    uniform one only where it saves at least ``_TAIL_MIN_GAIN`` of its time.
+
+    Parameters
+    ----------
+    row_tiles : int
+        Row tiles of the launch, all sequences (B x ceil(N H / 64)).
+    kv_rows : int
+        KV rows a block walks (the cache length).
+    num_sms : int
+        Streaming multiprocessors (one block resident on each).
+    splits : int
+        The uniform launch's split count (``choose_splits``); the head keeps it.
+
+    Returns
+    -------
+    tuple of int
+        ``(head, tail_splits)``; ``(0, 0)``: no tail.
+    """
+    tiles = max(1, -(-kv_rows // _FUSED_BN))
+    rem = row_tiles * splits % num_sms
+    if rem == 0 or splits >= tiles:
+        return 0, 0
+
+    def block(s: int) -> float:
+        return -(-tiles // s) + _BLOCK_TILES + (_PARTIAL_TILES if s > 1 else 0.0)
+
+    combine = _COMBINE_TILES if splits > 1 else 0.0
+    uniform = _makespan(row_tiles * splits, block(splits), 0, 0.0, num_sms) + combine
+    best, plan = uniform * (1.0 - _TAIL_MIN_GAIN), (0, 0)
+    first = -(-rem // splits)   # the row tiles of the last, partial wave
+    for tail in range(first, min(row_tiles, first + 2 * -(-num_sms // splits)) + 1, max(1, -(-num_sms // splits))):
+        head = row_tiles - tail
+        if head <= 0:
+            break
+        for ts in range(splits + 1, min(_MAX_SPLITS, tiles) + 1):
+            t = _makespan(head * splits, block(splits), tail * ts, block(ts), num_sms) + _COMBINE_TILES
+            if t < best:
+                best, plan = t, (head, ts)
+    return plan
+
+
 def sm90_impl(splits: int, block_tiles: int, blocks: int, num_sms: int) -> str:
     """The sm_90a kernel of a ``fused`` launch that names none: ``tma_seq`` for a launch of at
     least 8 splits whose blocks walk at most 13 KV tiles and fill at least three quarters of a
@@ -330,7 +413,7 @@ def _rows_n_kernel(tile_rows: int) -> str:
 
 
 def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse_part, splits, slot0, mode,
-                  scale_log2):
+                  scale_log2, head=0, tail_splits=0):
     from kdtree.kernels import launch, ptr
 
     B, N, H, _ = q.shape
@@ -357,6 +440,10 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
 
         pair = impl == "pair"
         fn = _kernel(f"verify_fused_{impl}", _index(q.device), _SRC_PAIR if pair else _SRC_TMA, "nvcc")
+        if pair:  # a head/tail launch runs on a 1-D grid (fused_block_ht)
+            args += (np.int32(head), np.int32(tail_splits))
+            if head:
+                grid = (head * splits + (grid[0] * B - head) * tail_splits, 1, 1)
         args += (np.float32(scale_log2), bf16_matrix_map(kv.data_ptr(), B * kv.shape[1], D_QK, 2 * D_QK,
                                                           _FUSED_BN, 64))
         if pair:  # pair also loads Q with the copy engine (q's [B N H, 576] rows, the same boxes) and stores O
@@ -378,13 +465,18 @@ def _launch_fused(impl, layout, tile_rows, q, kv, pl, vis, out, lse, o_part, lse
     launch(fn, grid, (_FUSED_THREADS,), args + (np.float32(scale_log2),), shared_mem=_FUSED_SMEM, device=q.device)
 
 
-def _launch_combine(o_part, lse_part, out, lse):
+def _launch_combine(o_part, lse_part, out, lse, slots=None, row0=0, tail_row=None, tail_slots=0):
+    """Merge ``slots`` partials (default: all of ``o_part``'s) into every row from flat row
+    ``row0`` on (rows numbered sequence-major), ``tail_slots`` from ``tail_row`` on."""
     from kdtree.kernels import launch, ptr
 
-    slots, B, NH, _ = o_part.shape
+    n_slots, B, NH, _ = o_part.shape
+    tail_row = B * NH if tail_row is None else tail_row
     fn = _kernel("verify_combine", _index(out.device))
-    launch(fn, (NH, B), (D_V // 4,), (ptr(o_part), ptr(lse_part), ptr(out), ptr(lse), np.int32(B),
-                                        np.int32(NH), np.int32(slots)), device=out.device, pdl=True)
+    grid = (NH, B) if row0 == 0 else (B * NH - row0, 1)
+    launch(fn, grid, (D_V // 4,), (ptr(o_part), ptr(lse_part), ptr(out), ptr(lse), np.int32(B), np.int32(NH),
+                                   np.int32(slots or n_slots), np.int32(row0), np.int32(tail_row),
+                                   np.int32(tail_slots)), device=out.device, pdl=True)
 
 
 @dataclass(frozen=True)
@@ -411,6 +503,12 @@ class LaunchPlan:
         Partial sets written (``splits`` when split, plus one for cascade's tree pass; 0 if none).
     launches : int
         Kernel launches per call.
+    head : int
+        0, or a head/tail launch (``choose_tail``, the pair kernel): its first ``head`` row tiles
+        (all sequences' row tiles numbered sequence-major) run in ``splits`` splits, the rest in
+        ``tail_splits``.
+    tail_splits : int
+        KV splits of the tail's row tiles (0 without a tail).
     """
 
     variant: str
@@ -420,6 +518,8 @@ class LaunchPlan:
     splits: int
     partial_slots: int
     launches: int
+    head: int = 0
+    tail_splits: int = 0
 
 
 def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int,
@@ -487,6 +587,10 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
             by_launch, impl, layout, tile, s = False, "rn72", "rows_n", _RN72_ROWS, s72
     if by_launch:
         impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
+    if variant == "fused" and impl == "pair" and splits is None:
+        head, ts = choose_tail(blocks, kv, num_sms, s)
+        if head:
+            return LaunchPlan("fused", impl, layout, tile, s, max(ts, s if s > 1 else 0), 2, head, ts)
     if variant == "fused":
         return LaunchPlan("fused", impl, layout, tile, s, s if s > 1 else 0, 2 if s > 1 else 1)
     return LaunchPlan("cascade", impl, layout, tile, s, s + 1, 3)
@@ -522,6 +626,12 @@ def _run_cuda(variant, q, kv, prefix_lens, tree, scale, out, lse, splits=None, i
         return
     o_part = torch.empty((plan.partial_slots, B, N * H, D_V), dtype=PARTIAL_DTYPE, device=q.device)
     lse_part = torch.empty((plan.partial_slots, B, N * H), dtype=torch.float32, device=q.device)
+    if plan.head:  # whole (or split) head row tiles, then the tail's splits; the combine from the first partial row
+        _launch_fused(*kern, o_part, lse_part, s, 0, 0, scale_log2, plan.head, plan.tail_splits)
+        gx = -(-(N * H) // plan.tile_rows)
+        tail_row = plan.head // gx * N * H + plan.head % gx * plan.tile_rows
+        _launch_combine(o_part, lse_part, out, lse, s, 0 if s > 1 else tail_row, tail_row, plan.tail_splits)
+        return
     if variant == "fused":
         _launch_fused(*kern, o_part, lse_part, s, 0, 0, scale_log2)
     else:  # cascade: prefix pass (split), tree pass, merge

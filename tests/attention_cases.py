@@ -2,10 +2,12 @@
 compute-sanitizer runs (``tests/sanitize_attention.py``)."""
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 
+from kdtree import attention
 from kdtree.attention import (_WGMMA_IMPLS, CUDA_VARIANTS, D_QK, D_V, _run_cuda, errors, fused_impl,
                               random_parents, reference_attention)
 from kdtree.tree import Tree
@@ -22,6 +24,29 @@ def random_case(B, N, H, prefix_lens, gen, device="cpu", extra=0, num_nodes=None
     q = torch.randn(B, N, H, D_QK, generator=gen).to(torch.bfloat16)
     kv = torch.randn(B, S, D_QK, generator=gen).to(torch.bfloat16)
     return q.to(device), kv.to(device), pl.to(device), tree_to(tree, device)
+
+
+def tail_sms(B, N, H, kv_rows, split_head=False) -> int:
+    """The smallest SM count (2 to 63) at which a fused pair call of this shape runs a head/tail
+    launch (``choose_tail``) whose head runs whole (or, with ``split_head``, in splits); 0 if
+    none."""
+    for sms in range(2, 64):
+        p = attention.launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=kv_rows, num_sms=sms, impl="pair")
+        if p.head and (p.splits > 1) == split_head:
+            return sms
+    return 0
+
+
+@contextlib.contextmanager
+def num_sms(n: int):
+    """Plan every launch inside for a GPU of ``n`` SMs (the plans, not the hardware: a small case
+    then gets the launches a large one gets on the real SM count)."""
+    real = attention._num_sms
+    attention._num_sms = lambda index: n
+    try:
+        yield
+    finally:
+        attention._num_sms = real
 
 
 def tree_to(tree: Tree, device) -> Tree:
@@ -50,6 +75,9 @@ SELFCHECK_CASES = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),
                    (2, 3, 8, [70, 0], [3, 2]),
                    (2, 5, 8, [0, 77], [3, 5]),
                    (1, 17, 8, [90], None)]
+# Head/tail launches of the pair kernel (choose_tail), planned for a few SMs: a whole head
+# (B = 2) and a split one (B = 4), ragged and empty prefixes.
+TAIL_CASES = [(2, 9, 16, [690, 0], None), (4, 9, 8, [887, 0, 77, 500], None)]
 
 
 def selfcheck(variants=CUDA_VARIANTS, kernels=None) -> bool:
@@ -61,19 +89,30 @@ def selfcheck(variants=CUDA_VARIANTS, kernels=None) -> bool:
     gen = torch.Generator().manual_seed(1)
     kernels = kernels or available_kernels()
     ok = True
-    for B, N, H, pls, nn in SELFCHECK_CASES:
+    for B, N, H, pls, nn in SELFCHECK_CASES + TAIL_CASES:
         q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
+        sms = tail_sms(B, N, H, kv.shape[1], split_head=B > 2)
+        if (B, N, H, pls, nn) in TAIL_CASES:  # the pair kernel's head/tail launches only
+            if not sms:
+                raise ValueError(f"no head/tail plan for the tail case {(B, N, H, pls, nn)}")
+            variants_here, kernels_here = ("fused",), tuple(k for k in kernels if k == ("pair", "rows_m"))
+        else:
+            variants_here, kernels_here = variants, kernels
         scale = 1 / math.sqrt(192)
         ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), scale)
-        runs = [("naive", None, None, None)] if "naive" in variants else []
-        for impl, layout in kernels:
-            runs += [("fused", s, impl, layout) for s in (None, 1, 3)] if "fused" in variants else []
-            if "cascade" in variants and layout == "rows_m":
+        runs = [("naive", None, None, None)] if "naive" in variants_here else []
+        for impl, layout in kernels_here:
+            runs += [("fused", s, impl, layout) for s in (None, 1, 3)] if "fused" in variants_here else []
+            if "cascade" in variants_here and layout == "rows_m":
                 runs.append(("cascade", None, impl, None))
+        if sms and "fused" in variants_here and ("pair", "rows_m") in kernels_here:
+            runs += [("fused", "tail", "pair", "rows_m")]
         for v, splits, impl, layout in runs:
             o = (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"),
                  torch.full((B, N, H), float("nan"), device="cuda"))
-            _run_cuda(v, q, kv, pl, tree, scale, o[0], o[1], splits=splits, impl=impl, layout=layout)
+            with num_sms(sms if splits == "tail" else attention._num_sms(0)):
+                _run_cuda(v, q, kv, pl, tree, scale, o[0], o[1], splits=None if splits == "tail" else splits,
+                          impl=impl, layout=layout)
             torch.cuda.synchronize()
             rel, le, inf_ok = errors(*o, *ref)
             good = rel <= REL_TOL and le <= LSE_TOL and inf_ok

@@ -18,8 +18,8 @@ import torch
 
 import kdtree
 import kdtree.kernels
-from attention_cases import LSE_TOL, REL_TOL, available_kernels, random_case, tree_to
-from kdtree.attention import (D_QK, D_V, SM90_IMPL, choose_splits, errors, fused_impl, launch_plan,
+from attention_cases import LSE_TOL, REL_TOL, available_kernels, num_sms, random_case, tail_sms, tree_to
+from kdtree.attention import (D_QK, D_V, SM90_IMPL, _makespan, choose_splits, choose_tail, errors, fused_impl, launch_plan,
                               reference_attention, rows_n_tile, sm90_impl, verify_attention, _run_cuda)
 from kdtree.tensor_map import bf16_matrix_map
 from kdtree.tree import Tree
@@ -244,6 +244,43 @@ def test_choose_splits_keeps_the_counts_timed_faster():
         plan = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=132,
                            layout="rows_m")  # the grid ran the rows_m kernels everywhere
         assert plan.splits == r.splits, (r.B, r.N, r.H, r.P)
+
+
+def test_makespan_is_the_earliest_free_sm_rule():
+    """``_makespan`` in closed form against handing out each block to the SM that frees first."""
+    import heapq
+
+    rng = random.Random(3)
+    for _ in range(400):
+        sms = rng.randint(1, 20)
+        hb, tb = rng.randint(0, 60), rng.randint(0, 60)
+        hc, tc = rng.choice([1.0, 2.5, 17.5]), rng.choice([0.5, 3.0, 4.5, 20.0])
+        free = [0.0] * sms
+        for cost in [hc] * hb + [tc] * tb:
+            heapq.heappush(free, heapq.heappop(free) + cost)
+        assert _makespan(hb, hc, tb, tc, sms) == pytest.approx(max(free)), (hb, hc, tb, tc, sms)
+
+
+def test_choose_tail_fills_the_last_wave():
+    """B = 16, N = 9, H = 64, P = 1024: 144 row tiles of 17 KV tiles take two waves in one split
+    (and no split count evens them out); the head/tail plan runs 132 whole and the other 12 in
+    short splits. A launch of whole waves, or one whose blocks are single tiles, keeps its plan."""
+    p = launch_plan("fused", batch=16, nodes=9, heads=64, kv_rows=1033, num_sms=132)
+    assert (p.impl, p.splits, p.head) == ("pair", 1, 132) and 2 <= p.tail_splits <= 17
+    assert p.partial_slots == p.tail_splits and p.launches == 2
+    assert choose_tail(row_tiles=528, kv_rows=1057, num_sms=132, splits=1) == (0, 0)   # 4 whole waves
+    assert choose_tail(row_tiles=133, kv_rows=64, num_sms=132, splits=1) == (0, 0)     # one tile a block
+    head, ts = choose_tail(row_tiles=68, kv_rows=4113, num_sms=132, splits=3)          # B = 4, N = 17
+    assert head * 3 == 132 and ts > 3
+
+
+@pytest.mark.parametrize("kw", [dict(splits=2), dict(impl="tma_seq"), dict(layout="rows_n"), dict()],
+                         ids=["splits", "tma_seq", "rows_n", "cascade"])
+def test_head_tail_only_for_the_pair_kernel_unforced(kw):
+    """Only a fused call on the pair kernel whose split count is not forced gets a head/tail plan."""
+    variant = "cascade" if not kw else "fused"
+    p = launch_plan(variant, batch=16, nodes=9, heads=64, kv_rows=1033, num_sms=132, **kw)
+    assert p.head == 0 and p.tail_splits == 0
 
 
 def test_tensor_map_arguments_and_by_value_buffer():
@@ -879,6 +916,49 @@ def test_tma_kernels_at_new_shapes(impl, case, splits, gen):
     padding nodes, empty and ragged prefixes, splits whose last tile is cut short."""
     _need_impl(impl)
     _run_and_check("fused", case, gen, extra=5, splits=splits, impl=impl)
+
+
+# Head/tail launches (choose_tail) planned for a few SMs so that small cases get them: heads whole
+# and split, boundaries inside a sequence, ragged and empty prefixes, padding nodes, 9 mask words.
+TAIL_GPU_CASES = [(2, 9, 16, [690, 0], None, False), (4, 9, 8, [887, 0, 77, 500], None, True),
+                  (3, 70, 8, [0, 500, 990], [41, 70, 70], False), (3, 70, 8, [0, 500, 990], [41, 70, 70], True),
+                  (2, 513, 8, [585, 40], [513, 300], False), (3, 5, 64, [790, 3, 400], None, False)]
+
+
+@gpu
+@pytest.mark.parametrize("case", TAIL_GPU_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}-{'split' if c[5] else 'whole'}"
+                                                      for c in TAIL_GPU_CASES])
+def test_head_tail_launches_match_reference(case, gen):
+    """The pair kernel's head/tail launches against float64 (the plan checked to be one)."""
+    _need_impl("pair")
+    B, N, H, pls, nn, split_head = case
+    q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
+    sms = tail_sms(B, N, H, kv.shape[1], split_head)
+    plan = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=kv.shape[1], num_sms=sms, impl="pair")
+    assert sms and plan.head and (plan.splits > 1) == split_head, plan
+    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
+    out = _poisoned(B, N, H, "cuda")
+    with num_sms(sms):
+        _run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="pair")
+    torch.cuda.synchronize()
+    _check(*out, ref)
+
+
+@gpu
+def test_head_tail_at_the_grid_shape(gen):
+    """B = 16, N = 9, H = 64, P = 1024 on the device's own SM count, as a user calls it."""
+    _need_impl("pair")
+    B, N, H = 16, 9, 64
+    q, kv, pl, tree = random_case(B, N, H, [1024] * 15 + [700], gen, "cuda")
+    plan = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=kv.shape[1],
+                       num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    if not plan.head:
+        pytest.skip(f"no head/tail plan on this GPU's SM count: {plan}")
+    ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), SCALE)
+    out = _poisoned(B, N, H, "cuda")
+    verify_attention(q, kv, pl, tree, SCALE, "fused", out=out)
+    torch.cuda.synchronize()
+    _check(*out, ref)
 
 
 def _run_and_check(variant, case, gen, extra, **run):
