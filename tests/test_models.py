@@ -255,7 +255,7 @@ def test_roofs_use_hbm_bytes_l2_bytes_and_executed_flops():
 def test_whole_waves_roof_names_the_schedule_and_the_time_beyond_it():
     """272 blocks on 132 SMs run in three waves, the third with 8 blocks: the tensor time with
     whole waves counted is 3 / (272 / 132) of the plain tensor roof, and the diagnosis says so."""
-    c = models.verify_attention_cost("fused", batch=16, nodes=17, heads=64, prefix=1024, impl="pair")
+    c = models.verify_attention_cost("fused", batch=16, nodes=17, heads=64, prefix=1024, impl="pair", splits=1)
     assert c.launches == 1 and c.flops_exec == 16 * 17 * 17 * 64 * 64 * F
     t = roofline.roof_times(c, H200, "graph", "cold")
     assert t["waves"] / t["tensor"] == pytest.approx(3 * 132 / 272)
@@ -271,6 +271,19 @@ def test_whole_waves_roof_names_the_schedule_and_the_time_beyond_it():
     assert "the call's other 1 launch included" in d
     naive = models.verify_attention_cost("naive", batch=1, nodes=33, heads=64, prefix=4096)
     assert naive.schedule == "" and "waves" not in roofline.roof_times(naive, H200, "graph", "cold")
+
+
+def test_head_tail_schedule_ends_with_the_last_short_block():
+    """The same call on its default head/tail plan: 264 whole row tiles (two waves of 17 tiles),
+    then 8 row tiles in 9 splits of 2 tiles, which the 132 SMs take at the second wave's end: 36
+    tile periods against the uniform plan's 51, the same FLOPs executed, partials for the tail only."""
+    c = models.verify_attention_cost("fused", batch=16, nodes=17, heads=64, prefix=1024, impl="pair")
+    u = models.verify_attention_cost("fused", batch=16, nodes=17, heads=64, prefix=1024, impl="pair", splits=1)
+    tile = c.tile_launch
+    assert (tile.blocks, tile.waves, c.launches) == (264 + 8 * 9, 3, 2) and "264 row tiles in 1 KV split" in c.note
+    assert c.flops_exec == pytest.approx(u.flops_exec)
+    assert tile.flops_waves / u.tile_launch.flops_waves == pytest.approx(36 / 51)
+    assert c.parts[1].dram_read == pytest.approx(8 / 272 * 9 * 16 * 17 * 64 * (512 * 2 + 4))
 
 
 def test_whole_waves_roof_is_below_every_measured_time_of_a_committed_grid():

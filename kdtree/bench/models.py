@@ -454,6 +454,12 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
         parts = (pass_launch([P] * row_tiles, plan.splits), pass_launch(tree_ends, 1), combine(plan.partial_slots))
         note = (f"prefix pass ({plan.splits} split{'s' if plan.splits > 1 else ''}) + tree pass + lse merge: "
                 f"{plan.launches} launches, {plan.partial_slots} partial sets")
+    elif plan.head:
+        parts = (_head_tail_pass(pass_launch, [P + e for e in tree_ends], plan, B * row_tiles, num_sms),
+                 combine(_head_tail_share(plan, B * row_tiles)))
+        note = (f"single pass on tensor cores: {plan.head} row tiles in {plan.splits} KV split"
+                f"{'s' if plan.splits > 1 else ''}, the other {B * row_tiles - plan.head} in {plan.tail_splits}, "
+                f"partials merged by a second launch")
     elif plan.partial_slots:
         parts = (pass_launch([P + e for e in tree_ends], plan.splits), combine(plan.partial_slots))
         note = (f"single pass on tensor cores in {plan.splits} KV splits: partials "
@@ -465,6 +471,33 @@ def verify_attention_cost(variant: str, *, batch: int, nodes: int, heads: int, p
     if pad > 1.05:
         note += f" ({pad:.2f}x rows computed: tiles of {plan.tile_rows})"
     return Cost(flops, bytes_min, "tensor", parts, note, float(l2_bytes))
+
+
+def _head_tail_share(plan, row_tiles: int) -> float:
+    """Partial sets a head/tail launch writes, in whole-call sets: the tail's row tiles write
+    ``tail_splits`` each, the head's ``splits`` each where split (none where whole)."""
+    head = plan.head / row_tiles
+    return head * (plan.splits if plan.splits > 1 else 0) + (1.0 - head) * plan.tail_splits
+
+
+def _head_tail_pass(pass_launch, kv_tokens: list[int], plan, row_tiles: int, num_sms: int) -> Launch:
+    """The one launch of a head/tail plan (``attention.choose_tail``): the head's share of a
+    uniform pass at ``splits`` plus the tail's share of one at ``tail_splits`` (bytes and FLOPs
+    by row tiles), its schedule as the SMs take the blocks in order (``attention._makespan``,
+    with each block's tiles alone: the whole-wave roof)."""
+    from kdtree.attention import _makespan
+
+    head, tail = plan.head / row_tiles, 1.0 - plan.head / row_tiles
+    h = pass_launch(kv_tokens, plan.splits if plan.splits > 1 else 0)
+    t = pass_launch(kv_tokens, plan.tail_splits)
+    mix = {f: getattr(h, f) * head + getattr(t, f) * tail
+           for f in ("flops_exec", "dram_read", "dram_write", "l2_read", "l2_write", "l2_shared")}
+    tiles = max(math.ceil(r / KV_TILE) for r in kv_tokens)
+    n_head, n_tail = plan.head * plan.splits, (row_tiles - plan.head) * plan.tail_splits
+    span = _makespan(n_head, math.ceil(tiles / plan.splits), n_tail, math.ceil(tiles / plan.tail_splits), num_sms)
+    tile_flops = h.flops_waves / (h.waves * h.slots * h.block_tiles)
+    return Launch(h.kernel, **mix, blocks=n_head + n_tail, slots=num_sms, waves=-(-(n_head + n_tail) // num_sms),
+                  block_tiles=h.block_tiles, flops_waves=span * num_sms * tile_flops)
 
 
 def launch_plan_columns(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int,
