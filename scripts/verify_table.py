@@ -22,7 +22,8 @@ Columns: us, p20, p80, TFLOP/s (useful FLOPs), TB/s (minimal bytes: each KV row 
 lse), the fractions of the dense bf16 rate and the HBM bandwidth measured in the same run
 (``attention_dev.ceilings``),
 the binding roof (``bf16`` or ``hbm``: whichever floor is longer) and the fraction of it, the
-launch plan (layout, tile rows, splits), the worst relative error of the check.
+launch plan (layout, tile rows, splits; a head/tail launch's head row tiles and tail splits), the
+worst relative error of the check.
 
     KDTREE_GIT_SHA=$(git rev-parse HEAD) python scripts/verify_table.py --out results/verify_table_h200
 
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
                 row = dict(B=B, N=N, H=H, P=P, config=label, variant=variant,
                            impl=(plan.impl if plan else "torch"), default_impl=default,
                            layout=plan.layout if plan else "", tile_rows=plan.tile_rows if plan else 0,
-                           splits=plan.splits if plan else 1, us=math.nan, p20=math.nan, p80=math.nan,
+                           splits=plan.splits if plan else 1, tail_splits=plan.tail_splits if plan else 0,
+                           head=plan.head if plan else 0, us=math.nan, p20=math.nan, p80=math.nan,
                            tflops=math.nan, tbps=math.nan, frac_bf16=math.nan, frac_hbm=math.nan, roof=roof,
                            frac_roof=math.nan, rel_err=math.nan, sets=len(sets), reps=0,
                            sm_clock_mhz=math.nan, skip="")

@@ -126,7 +126,8 @@ def test_recorded_splits_and_impl_fix_the_plan():
     assert pp.parts[0].kernel == "verify_fused_tma" and pp.dram_read == free.dram_read
     assert pp.flops_exec == free.flops_exec and pp.launches == free.launches
     cols = models.launch_plan_columns("fused", batch=1, nodes=33, heads=64, kv_rows=4129)
-    assert cols == {"splits": _plan("fused", 1, 33, 64, 4096).splits, "layout": _plan("fused", 1, 33, 64, 4096).layout,
+    assert cols == {"splits": _plan("fused", 1, 33, 64, 4096).splits, "tail_splits": 0,
+                    "layout": _plan("fused", 1, 33, 64, 4096).layout,
                     "impl": SM90_IMPL, "partials": "bfloat16", "kv_range": "node"}
 
 
@@ -284,6 +285,12 @@ def test_head_tail_schedule_ends_with_the_last_short_block():
     assert c.flops_exec == pytest.approx(u.flops_exec)
     assert tile.flops_waves / u.tile_launch.flops_waves == pytest.approx(36 / 51)
     assert c.parts[1].dram_read == pytest.approx(8 / 272 * 9 * 16 * 17 * 64 * (512 * 2 + 4))
+    # a results row records the tail; its cost is the head/tail plan's, not one of its forced split count
+    cols = models.launch_plan_columns("fused", batch=16, nodes=17, heads=64, kv_rows=1041, impl="pair")
+    assert (cols["splits"], cols["tail_splits"]) == (1, 9)
+    row = {"kernel": "verify_attention", "variant": "fused", "q_len": 17, "batch": 16, "heads": 64, "prefix": 1024}
+    assert models.cost_for_row(row | cols).launches == 2
+    assert models.cost_for_row(row | cols | {"tail_splits": 0}).launches == 1
 
 
 def test_whole_waves_roof_is_below_every_measured_time_of_a_committed_grid():

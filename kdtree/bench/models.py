@@ -502,14 +502,15 @@ def _head_tail_pass(pass_launch, kv_tokens: list[int], plan, row_tiles: int, num
 
 def launch_plan_columns(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int,
                         num_sms: int = H200_SMS, impl: str | None = None) -> dict:
-    """``splits``, ``layout``, ``impl``, ``partials`` (the split partials' dtype) and ``kv_range``
-    (where a block's KV range ends, :data:`KV_RANGES`) of a verify-attention call, for its results
-    row (empty strings and 1 split for variants without a launch plan)."""
+    """``splits``, ``tail_splits`` (a head/tail launch's tail, 0 for none), ``layout``, ``impl``,
+    ``partials`` (the split partials' dtype) and ``kv_range`` (where a block's KV range ends,
+    :data:`KV_RANGES`) of a verify-attention call, for its results row (empty strings and 1 split
+    for variants without a launch plan)."""
     if not (variant.startswith("fused") or variant in ("cascade", "naive")):
-        return {"splits": 1, "layout": "", "impl": variant, "partials": "", "kv_range": ""}
+        return {"splits": 1, "tail_splits": 0, "layout": "", "impl": variant, "partials": "", "kv_range": ""}
     p = _plan(variant, batch, nodes, heads, kv_rows, num_sms, impl, None)
     tiled = variant != "naive"
-    return {"splits": p.splits, "layout": p.layout, "impl": p.impl,
+    return {"splits": p.splits, "tail_splits": p.tail_splits, "layout": p.layout, "impl": p.impl,
             "partials": _current_partials() if tiled else "", "kv_range": KV_RANGES[0] if tiled else ""}
 
 
@@ -640,6 +641,8 @@ def cost_for_row(row, l2_bytes: float | None = None) -> Cost | None:
             kwargs[arg] = float(v) if arg in _FLOAT_ARGS else str(v) if arg in str_args else int(v)
         elif not optional:
             raise ValueError(f"{kernel} row needs column {col!r} for its cost model; row has {sorted(values)}")
+    if planned and _present(values.get("tail_splits")) and int(values["tail_splits"]) > 0:
+        kwargs.pop("splits", None)   # a head/tail launch: the plan (choose_tail) gives it again; forced splits would not
     return MODELS[kernel](variant, **kwargs)
 
 
