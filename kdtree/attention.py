@@ -338,23 +338,34 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int) -> tupl
     rem = row_tiles * splits % num_sms
     if rem == 0 or splits >= tiles:
         return 0, 0
-
-    def block(s: int) -> float:
-        return -(-tiles // s) + _BLOCK_TILES + (_PARTIAL_TILES if s > 1 else 0.0)
-
-    combine = _COMBINE_TILES if splits > 1 else 0.0
-    uniform = _makespan(row_tiles * splits, block(splits), 0, 0.0, num_sms) + combine
-    best, plan = uniform * (1.0 - _TAIL_MIN_GAIN), (0, 0)
+    best, plan = launch_tiles(row_tiles, kv_rows, num_sms, splits) * (1.0 - _TAIL_MIN_GAIN), (0, 0)
     first = -(-rem // splits)   # the row tiles of the last, partial wave
     for tail in range(first, min(row_tiles, first + 2 * -(-num_sms // splits)) + 1, max(1, -(-num_sms // splits))):
         head = row_tiles - tail
         if head <= 0:
             break
         for ts in range(splits + 1, min(_MAX_SPLITS, tiles) + 1):
-            t = _makespan(head * splits, block(splits), tail * ts, block(ts), num_sms) + _COMBINE_TILES
+            t = launch_tiles(row_tiles, kv_rows, num_sms, splits, head, ts)
             if t < best:
                 best, plan = t, (head, ts)
     return plan
+
+
+def launch_tiles(row_tiles: int, kv_rows: int, num_sms: int, splits: int, head: int = 0,
+                 tail_splits: int = 0) -> float:
+    """``choose_tail``'s model of a fused launch (and its combine), in KV tile periods: uniform in
+    ``splits`` where ``head`` is 0, else head/tail. Each block costs its tiles plus
+    ``_BLOCK_TILES`` (``_PARTIAL_TILES`` more if it writes partials); the SMs take the blocks in
+    order (``_makespan``); partials add ``_COMBINE_TILES``."""
+    tiles = max(1, -(-kv_rows // _FUSED_BN))
+
+    def block(s: int) -> float:
+        return -(-tiles // s) + _BLOCK_TILES + (_PARTIAL_TILES if s > 1 else 0.0)
+
+    n_head = (head if head else row_tiles) * splits
+    n_tail = (row_tiles - head) * tail_splits if head else 0
+    span = _makespan(n_head, block(splits), n_tail, block(tail_splits) if n_tail else 0.0, num_sms)
+    return span + (_COMBINE_TILES if splits > 1 or n_tail else 0.0)
 
 
 def sm90_impl(splits: int, block_tiles: int, blocks: int, num_sms: int) -> str:

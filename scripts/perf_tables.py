@@ -86,6 +86,9 @@ hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's 
 allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
 points the roof alone keeps from the bar.
 
+tail-model: an ``attention_ab.py`` log of a head/tail tree against a uniform one: per shape the
+plan, ``choose_tail``'s modelled time ratio and the measured one.
+
 moe-bar: the 05 notebook's stage breakdown against the MoE layer's 0.75-of-HBM bar (T <= 65): per T the
 time the bar allows, the time outside the two grouped GEMMs, and the fraction of HBM the GEMMs
 stream at now against what the bar would need of them.
@@ -543,6 +546,28 @@ def ab(log: str) -> str:
     return f"From `{log}` (median of each pass, first / second):\n\n" + "\n".join(rows)
 
 
+def tail_model(log: str) -> str:
+    """``attention_ab.py`` of a head/tail tree (first) against the uniform one (second), both on
+    the pair kernel: per shape the head/tail plan, the time ``choose_tail``'s model gives it over
+    the uniform launch's, and the measured ratio (the means of both passes)."""
+    from kdtree.attention import _FUSED_BM, launch_plan, launch_tiles
+
+    out = [f"From `{log}` (head/tail over uniform; model: `attention.launch_tiles`, KV tile periods):", "",
+           "| B, N, H, P | splits, head row tiles, tail splits | model | measured |", "|---|---|---|---|"]
+    for ln in Path(log).read_text().splitlines()[1:]:
+        tok = ln.split()
+        if len(tok) != 13:
+            continue
+        B, N, H, P = map(int, tok[0].split(","))
+        p = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132, impl="pair")
+        rt = B * -(-(N * H) // _FUSED_BM)
+        model = (launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits)
+                 / launch_tiles(rt, P + N, 132, p.splits))
+        meas = (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10]))
+        out.append(f"| {B}, {N}, {H}, {P} | {p.splits}, {p.head}, {p.tail_splits} | {model:.2f} | {meas:.2f} |")
+    return "\n".join(out)
+
+
 def moe_trace(npz: str) -> str:
     import numpy as np
 
@@ -719,7 +744,8 @@ if __name__ == "__main__":
              "splits-ab": splits_ab, "impl-vs": impl_vs, "attention-dev": attention_dev,
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
              "pair-steady": pair_steady, "ncu-details": ncu_details,
-             "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar}
+             "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
+             "tail-model": tail_model}
     two = {"grid-diff"}   # kinds that read two runs
     base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
     n = len(sys.argv) - 3
