@@ -314,7 +314,8 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int) -> tupl
     17 KV tiles on 132 SMs (B = 16, N = 9, H = 64, P = 1024) run as two waves of 17 tiles. A
     head/tail launch (``fused_block_ht``) runs the first ``head`` row tiles in ``splits`` splits,
     a whole number of waves, and the rest, the tail, in ``tail_splits`` short blocks that the SMs
-    take as they free: 132 whole row tiles, then 12 row tiles in 11 splits, one short block an SM.
+    take as they free: 132 whole row tiles, then 12 row tiles in 9 splits of 2 tiles, one short block
+    an SM.
     Modelled in KV tile periods (``_makespan``, ``_BLOCK_TILES``...); a tail plan replaces the
     uniform one only where it saves at least ``_TAIL_MIN_GAIN`` of its time.
 
