@@ -86,6 +86,9 @@ hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's 
 allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
 points the roof alone keeps from the bar.
 
+tail-grid: two verify grids, the second with head/tail launches: at its head/tail shapes
+``fused``'s time ratio and ``cascade``'s (the two runs' drift).
+
 tail-model: an ``attention_ab.py`` log of a head/tail tree against a uniform one: per shape the
 plan, ``choose_tail``'s modelled time ratio and the measured one.
 
@@ -568,6 +571,28 @@ def tail_model(log: str) -> str:
     return "\n".join(out)
 
 
+def tail_grid(old: str, new: str) -> str:
+    """Two verify grids, the second with head/tail launches: at each shape whose ``fused`` call
+    ran one (``tail_splits`` > 0), ``fused``'s new over old time, and ``cascade``'s (whose plan the
+    change leaves as it was: how far the two runs drift apart there)."""
+    import pandas as pd
+
+    def grid(run):
+        return pd.read_parquet(next(Path(run).glob("verify_table_*.parquet"))).set_index(["B", "N", "H", "P", "config"])
+
+    o, n = grid(old), grid(new)
+    out = [f"From `{old}` -> `{new}` (graph replay, cold L2, median us):", "",
+           "| B, N, H, P | splits, tail splits | `fused` old -> new us | new / old | fraction of bf16 old -> new "
+           "| `cascade` new / old |", "|---|---|---|---|---|---|"]
+    for (B, N, H, P, c), r in n.iterrows():
+        if c != "fused" or not r.get("tail_splits", 0):
+            continue
+        a, co, cn = o.loc[(B, N, H, P, c)], o.loc[(B, N, H, P, "cascade")], n.loc[(B, N, H, P, "cascade")]
+        out.append(f"| {B}, {N}, {H}, {P} | {r.splits}, {r.tail_splits} | {a.us:.1f} -> {r.us:.1f} | "
+                   f"{r.us / a.us:.3f} | {a.frac_bf16:.2f} -> {r.frac_bf16:.2f} | {cn.us / co.us:.3f} |")
+    return "\n".join(out)
+
+
 def moe_trace(npz: str) -> str:
     import numpy as np
 
@@ -745,11 +770,11 @@ if __name__ == "__main__":
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
-             "tail-model": tail_model}
-    two = {"grid-diff"}   # kinds that read two runs
+             "tail-model": tail_model, "tail-grid": tail_grid}
+    two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
     n = len(sys.argv) - 3
     if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)):
-        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff: OLD_RUN NEW_RUN; "
+        sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff, tail-grid: OLD_RUN NEW_RUN; "
                  "attention-dev: CSV [BASE_CONFIG])")
     print(kinds[sys.argv[1]](*sys.argv[2:]))
