@@ -277,7 +277,7 @@ def main(argv=None) -> None:
                                       ceilings=ceilings, quick=a.quick), ceilings)
     path = save_table(df, a.out, run_metadata() | {"ceilings": ceilings.caption()})
     print(f"wrote {path}")
-    cols = ["variant", "q_len", "prefix", "batch", "heads", "splits", "mode", "l2", "median_us", "bound",
+    cols = ["variant", "q_len", "prefix", "batch", "heads", "splits", "tail_splits", "mode", "l2", "median_us", "bound",
             "fraction", "diagnosis"]
     with pd.option_context("display.width", 250, "display.max_colwidth", 120):
         print(df[[c for c in cols if c in df.columns]].to_string(index=False))
