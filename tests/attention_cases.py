@@ -75,29 +75,32 @@ SELFCHECK_CASES = [(3, 70, 8, [0, 37, 130], [41, 70, 70]),
                    (2, 3, 8, [70, 0], [3, 2]),
                    (2, 5, 8, [0, 77], [3, 5]),
                    (1, 17, 8, [90], None)]
-# Head/tail launches of the pair kernel (choose_tail), planned for a few SMs: a whole head
-# (B = 2) and a split one (B = 4), ragged and empty prefixes.
-TAIL_CASES = [(2, 9, 16, [690, 0], None), (4, 9, 8, [887, 0, 77, 500], None)]
+# Head/tail launches of the pair kernel (choose_tail), planned for a few SMs (tail_sms): (B, N,
+# H, prefix lengths, real nodes, head split): a whole head and a split one, ragged and empty
+# prefixes.
+TAIL_CASES = [(2, 9, 16, [690, 0], None, False), (4, 9, 8, [887, 0, 77, 500], None, True)]
 
 
 def selfcheck(variants=CUDA_VARIANTS, kernels=None) -> bool:
     """Run CUDA variants (forced split counts too) on small cases vs float64; print, return ok.
 
     ``kernels`` are the (impl, layout) pairs ``fused`` runs (default: ``available_kernels()``);
-    ``cascade`` runs each impl's rows_m kernel.
+    ``cascade`` runs each impl's rows_m kernel. Where ``fused`` runs ``pair``, its head/tail
+    launches run on ``TAIL_CASES`` as well (with its other split counts there).
     """
     gen = torch.Generator().manual_seed(1)
     kernels = kernels or available_kernels()
+    pair = ("pair", "rows_m") in kernels and "fused" in variants
+    cases = [(c, variants, kernels, 0) for c in SELFCHECK_CASES]
+    for *c, split_head in TAIL_CASES if pair else ():
+        B, N, H, pls, _ = c
+        sms = tail_sms(B, N, H, max(pls) + N + 3, split_head)
+        if not sms:
+            raise ValueError(f"no head/tail plan for the tail case {tuple(c)}")
+        cases.append((tuple(c), ("fused",), (("pair", "rows_m"),), sms))
     ok = True
-    for B, N, H, pls, nn in SELFCHECK_CASES + TAIL_CASES:
+    for (B, N, H, pls, nn), variants_here, kernels_here, sms in cases:
         q, kv, pl, tree = random_case(B, N, H, pls, gen, "cuda", extra=3, num_nodes=nn)
-        sms = tail_sms(B, N, H, kv.shape[1], split_head=B > 2)
-        if (B, N, H, pls, nn) in TAIL_CASES:  # the pair kernel's head/tail launches only
-            if not sms:
-                raise ValueError(f"no head/tail plan for the tail case {(B, N, H, pls, nn)}")
-            variants_here, kernels_here = ("fused",), tuple(k for k in kernels if k == ("pair", "rows_m"))
-        else:
-            variants_here, kernels_here = variants, kernels
         scale = 1 / math.sqrt(192)
         ref = reference_attention(q.cpu(), kv.cpu(), pl.cpu(), tree_to(tree, "cpu"), scale)
         runs = [("naive", None, None, None)] if "naive" in variants_here else []
@@ -105,8 +108,7 @@ def selfcheck(variants=CUDA_VARIANTS, kernels=None) -> bool:
             runs += [("fused", s, impl, layout) for s in (None, 1, 3)] if "fused" in variants_here else []
             if "cascade" in variants_here and layout == "rows_m":
                 runs.append(("cascade", None, impl, None))
-        if sms and "fused" in variants_here and ("pair", "rows_m") in kernels_here:
-            runs += [("fused", "tail", "pair", "rows_m")]
+        runs += [("fused", "tail", "pair", "rows_m")] if sms else []
         for v, splits, impl, layout in runs:
             o = (torch.full((B, N, H, D_V), float("nan"), dtype=torch.bfloat16, device="cuda"),
                  torch.full((B, N, H), float("nan"), device="cuda"))

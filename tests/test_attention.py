@@ -18,7 +18,8 @@ import torch
 
 import kdtree
 import kdtree.kernels
-from attention_cases import LSE_TOL, REL_TOL, available_kernels, num_sms, random_case, tail_sms, tree_to
+from attention_cases import (LSE_TOL, REL_TOL, TAIL_CASES, available_kernels, num_sms, random_case, tail_sms,
+                             tree_to)
 from kdtree.attention import (D_QK, D_V, SM90_IMPL, _makespan, choose_splits, choose_tail, errors, fused_impl, launch_plan,
                               reference_attention, rows_n_tile, sm90_impl, verify_attention, _run_cuda)
 from kdtree.tensor_map import bf16_matrix_map
@@ -920,9 +921,9 @@ def test_tma_kernels_at_new_shapes(impl, case, splits, gen):
 
 # Head/tail launches (choose_tail) planned for a few SMs so that small cases get them: heads whole
 # and split, boundaries inside a sequence, ragged and empty prefixes, padding nodes, 9 mask words.
-TAIL_GPU_CASES = [(2, 9, 16, [690, 0], None, False), (4, 9, 8, [887, 0, 77, 500], None, True),
-                  (3, 70, 8, [0, 500, 990], [41, 70, 70], False), (3, 70, 8, [0, 500, 990], [41, 70, 70], True),
-                  (2, 513, 8, [585, 40], [513, 300], False), (3, 5, 64, [790, 3, 400], None, False)]
+TAIL_GPU_CASES = TAIL_CASES + [(3, 70, 8, [0, 500, 990], [41, 70, 70], False),
+                               (3, 70, 8, [0, 500, 990], [41, 70, 70], True),
+                               (2, 513, 8, [585, 40], [513, 300], False), (3, 5, 64, [790, 3, 400], None, False)]
 
 
 @gpu
