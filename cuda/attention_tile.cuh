@@ -376,6 +376,20 @@ __device__ __forceinline__ void fused_store_o_half(const float (&o)[128], att_bf
 
 // lse of the tile's rows from the two column groups' row sums (sSum[0..BM), sSum[BM..2BM)) and
 // the final row max (sMax): natural log into lse, or log2 into the split's partial slot.
+// Row r of the block's lse from its max m2 and row sum (log2; -inf without a visible key): into
+// lse (natural log) or, for a split's partials, into lse_part (log2). The rows_n kernels' end;
+// fused_store_lse below computes the same, written out: through this helper its kernels' SASS
+// changed (address arithmetic), which only a GPU run could clear.
+__device__ __forceinline__ void fused_write_lse(float* lse, float* lse_part, bool partial, const FusedBlock& k,
+                                                int B, int slot0, int r, float m2, float sum) {
+  const float lse2 = sum > 0.f ? m2 + att_log2(sum) : ATT_NEG_INF;
+  const size_t g = (size_t)k.b * k.NH + k.g0 + r;
+  if (partial)
+    lse_part[(size_t)(slot0 + k.split) * B * k.NH + g] = lse2;
+  else
+    lse[g] = lse2 * ATT_LN2;
+}
+
 __device__ __forceinline__ void fused_store_lse(float* lse, float* lse_part, bool partial, const FusedBlock& k,
                                                 int B, int slot0, const float* sSum, const float* sMax, int tid) {
   if (tid >= FUSED_BM || k.g0 + tid >= k.NH) return;

@@ -156,14 +156,8 @@ __device__ __forceinline__ void rn_finish(const float* o, const float* m, float*
     const int col = 8 * (ci >> 1) + 2 * w.tig + (ci & 1), r = w.r0 + col;
     const float sum = (w.red[col] + w.red[RN_WG_ROWS + col]) + (w.red[2 * RN_WG_ROWS + col] + w.red[3 * RN_WG_ROWS + col]);
     inv[ci] = sum > 0.f ? 1.f / sum : 0.f;
-    if (w.wq == 0 && w.gid == 0 && r < rows) {
-      const float lse2 = sum > 0.f ? m[ci] + att_log2(sum) : ATT_NEG_INF;
-      const size_t g = (size_t)k.b * k.NH + k.g0 + r;
-      if (o_part != nullptr)
-        lse_part[(size_t)(slot0 + k.split) * B * k.NH + g] = lse2;
-      else
-        lse[g] = lse2 * ATT_LN2;
-    }
+    if (w.wq == 0 && w.gid == 0 && r < rows)
+      fused_write_lse(lse, lse_part, o_part != nullptr, k, B, slot0, r, m[ci], sum);
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {

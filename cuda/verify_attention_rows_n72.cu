@@ -275,14 +275,7 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
       const int col = rn72_col(ci, tig);
       const float sum = (red[col] + red[RN72_ROWS + col]) + (red[2 * RN72_ROWS + col] + red[3 * RN72_ROWS + col]);
       sAlpha[col] = sum > 0.f ? 1.f / sum : 0.f;
-      if (col < rows) {
-        const float lse2 = sum > 0.f ? m[ci] + att_log2(sum) : ATT_NEG_INF;
-        const size_t g = (size_t)k.b * k.NH + k.g0 + col;
-        if (o_part != nullptr)
-          lse_part[(size_t)(slot0 + k.split) * B * k.NH + g] = lse2;
-        else
-          lse[g] = lse2 * ATT_LN2;
-      }
+      if (col < rows) fused_write_lse(lse, lse_part, o_part != nullptr, k, B, slot0, col, m[ci], sum);
     }
   }
   mb_arrive(bar + 8 * RN72_INV);  // 1 / sum published
