@@ -86,6 +86,10 @@ hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's 
 allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
 points the roof alone keeps from the bar.
 
+tail-fit: the same log: ``launch_tiles``' three constants (block, partial and combine cost in
+KV tile periods) fitted to its measured ratios by a grid search, the model's error per shape
+with the constants in use and with the fit.
+
 tail-grid: two verify grids, the second with head/tail launches: at its head/tail shapes
 ``fused``'s time ratio and ``cascade``'s (the two runs' drift).
 
@@ -549,25 +553,68 @@ def ab(log: str) -> str:
     return f"From `{log}` (median of each pass, first / second):\n\n" + "\n".join(rows)
 
 
-def tail_model(log: str) -> str:
-    """``attention_ab.py`` of a head/tail tree (first) against the uniform one (second), both on
-    the pair kernel: per shape the head/tail plan, the time ``choose_tail``'s model gives it over
-    the uniform launch's, and the measured ratio (the means of both passes)."""
-    from kdtree.attention import _FUSED_BM, launch_plan, launch_tiles
+def _tail_ab(log: str):
+    """An ``attention_ab.py`` log of a head/tail tree (first) against the uniform one (second):
+    per shape (B, N, H, P, the head/tail plan, the measured time ratio: the means of both passes)."""
+    from kdtree.attention import launch_plan
 
-    out = [f"From `{log}` (head/tail over uniform; model: `attention.launch_tiles`, KV tile periods):", "",
-           "| B, N, H, P | splits, head row tiles, tail splits | model | measured |", "|---|---|---|---|"]
     for ln in Path(log).read_text().splitlines()[1:]:
         tok = ln.split()
         if len(tok) != 13:
             continue
         B, N, H, P = map(int, tok[0].split(","))
         p = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132, impl="pair")
-        rt = B * -(-(N * H) // _FUSED_BM)
-        model = (launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits)
-                 / launch_tiles(rt, P + N, 132, p.splits))
-        meas = (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10]))
-        out.append(f"| {B}, {N}, {H}, {P} | {p.splits}, {p.head}, {p.tail_splits} | {model:.2f} | {meas:.2f} |")
+        yield B, N, H, P, p, (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10]))
+
+
+def _tail_ratio(B, N, H, P, p) -> float:
+    from kdtree.attention import _FUSED_BM, launch_tiles
+
+    rt = B * -(-(N * H) // _FUSED_BM)
+    return launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits) / launch_tiles(rt, P + N, 132, p.splits)
+
+
+def tail_model(log: str) -> str:
+    """``attention_ab.py`` of a head/tail tree (first) against the uniform one (second), both on
+    the pair kernel: per shape the head/tail plan, the time ``choose_tail``'s model gives it over
+    the uniform launch's, and the measured ratio (the means of both passes)."""
+    out = [f"From `{log}` (head/tail over uniform; model: `attention.launch_tiles`, KV tile periods):", "",
+           "| B, N, H, P | splits, head row tiles, tail splits | model | measured |", "|---|---|---|---|"]
+    for B, N, H, P, p, meas in _tail_ab(log):
+        out.append(f"| {B}, {N}, {H}, {P} | {p.splits}, {p.head}, {p.tail_splits} | {_tail_ratio(B, N, H, P, p):.2f} "
+                   f"| {meas:.2f} |")
+    return "\n".join(out)
+
+
+def tail_fit(log: str) -> str:
+    """``launch_tiles``' block, partial and combine costs (KV tile periods) fitted to the measured
+    head/tail over uniform ratios of ``log`` (least squares over a grid of values), the plans held
+    as run; the model's error per shape with the constants in use and with the fit."""
+    import itertools
+
+    from kdtree import attention as A
+
+    runs = list(_tail_ab(log))
+    keep = (A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES)
+
+    def errors(consts):
+        A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES = consts
+        return [_tail_ratio(B, N, H, P, p) - meas for B, N, H, P, p, meas in runs]
+
+    try:
+        now = errors(keep)
+        grid = itertools.product([x / 2 for x in range(1, 17)], [x / 2 for x in range(0, 9)], range(0, 9))
+        fit = min(grid, key=lambda c: sum(e * e for e in errors(c)))
+        after = errors(fit)
+    finally:
+        A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES = keep
+    out = [f"From `{log}`: block, partial, combine (KV tile periods) in use {keep}, fitted {fit} "
+           "(grid 0.5-8, 0-4, 0-8); model minus measured ratio:", "",
+           "| B, N, H, P | measured | error in use | error fitted |", "|---|---|---|---|"]
+    out += [f"| {r[0]}, {r[1]}, {r[2]}, {r[3]} | {r[5]:.2f} | {a:+.2f} | {b:+.2f} |" for r, a, b in zip(runs, now, after)]
+    rms = [(sum(e * e for e in es) / len(es)) ** 0.5 for es in (now, after)]
+    out += ["", f"rms error: {rms[0]:.3f} in use, {rms[1]:.3f} fitted; max |error| {max(map(abs, now)):.3f}, "
+            f"{max(map(abs, after)):.3f}"]
     return "\n".join(out)
 
 
@@ -770,7 +817,7 @@ if __name__ == "__main__":
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
-             "tail-model": tail_model, "tail-grid": tail_grid}
+             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
     n = len(sys.argv) - 3
