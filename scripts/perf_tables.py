@@ -86,9 +86,9 @@ hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's 
 allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
 points the roof alone keeps from the bar.
 
-tail-fit: the same log: ``launch_tiles``' three constants (block, partial and combine cost in
-KV tile periods) fitted to its measured ratios by a grid search, the model's error per shape
-with the constants in use and with the fit.
+tail-fit: a log as tail-model reads it: ``launch_tiles``' three constants (block, partial and
+combine cost in KV tile periods) fitted to its measured ratios by a grid search, the model's
+error per shape with the constants in use and with the fit.
 
 tail-grid: two verify grids, the second with head/tail launches: at its head/tail shapes
 ``fused``'s time ratio and ``cascade``'s (the two runs' drift).
