@@ -368,3 +368,21 @@ def test_alternating_timings_leave_fused_slower_than_cascade_only_inside_both_sp
     assert len(lost("b4cf83e")) == 14   # 7 points, fused's and cascade's figures each
     (f, f20, f80), (c, c20, c80) = lost("096caf5")
     assert float(c20) <= float(f) <= float(c80) and float(f20) <= float(c) <= float(f80)
+
+
+def test_the_tail_fit_beats_the_constants_in_use_on_the_log_it_fits():
+    """``tail-fit`` on session 33's A/B log: one row per measured shape, the fitted constants on
+    the search grid and different from those in use, and a fit no worse than them (rms and max
+    error as printed), while ``launch_tiles`` keeps its constants after the search."""
+    from kdtree import attention
+
+    keep = (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES)
+    text = PERF_TABLES["tail_fit"](str(ROOT / "results" / "attention_ab_h100" / "tail_be0db50" / "ab.log"))
+    assert (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES) == keep
+    used, fitted = (tuple(map(float, m)) for m in re.findall(r"\((\S+), (\S+), (\S+)\)", text.splitlines()[0])[:2])
+    assert used == keep and fitted != used
+    rows = [line for line in text.splitlines() if re.match(r"\| \d+, \d+, \d+, \d+ \|", line)]
+    assert len(rows) == len(PERF_TABLES["tail_model"](str(ROOT / "results" / "attention_ab_h100" / "tail_be0db50"
+                                                          / "ab.log")).splitlines()) - 4
+    rms_used, rms_fit, max_used, max_fit = map(float, re.findall(r"\d+\.\d+", text.splitlines()[-1]))
+    assert rms_fit <= rms_used and max_fit <= max_used
