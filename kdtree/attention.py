@@ -353,20 +353,22 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int) -> tupl
 
 
 def launch_tiles(row_tiles: int, kv_rows: int, num_sms: int, splits: int, head: int = 0,
-                 tail_splits: int = 0) -> float:
+                 tail_splits: int = 0, costs: tuple[float, float, float] | None = None) -> float:
     """``choose_tail``'s model of a fused launch (and its combine), in KV tile periods: uniform in
     ``splits`` where ``head`` is 0, else head/tail. Each block costs its tiles plus
     ``_BLOCK_TILES`` (``_PARTIAL_TILES`` more if it writes partials); the SMs take the blocks in
-    order (``_makespan``); partials add ``_COMBINE_TILES``."""
+    order (``_makespan``); partials add ``_COMBINE_TILES``. ``costs``: those three instead (a fit
+    of them, ``perf_tables.py tail-fit``)."""
+    block_cost, partial_cost, combine_cost = costs or (_BLOCK_TILES, _PARTIAL_TILES, _COMBINE_TILES)
     tiles = max(1, -(-kv_rows // _FUSED_BN))
 
     def block(s: int) -> float:
-        return -(-tiles // s) + _BLOCK_TILES + (_PARTIAL_TILES if s > 1 else 0.0)
+        return -(-tiles // s) + block_cost + (partial_cost if s > 1 else 0.0)
 
     n_head = (head if head else row_tiles) * splits
     n_tail = (row_tiles - head) * tail_splits if head else 0
     span = _makespan(n_head, block(splits), n_tail, block(tail_splits) if n_tail else 0.0, num_sms)
-    return span + (_COMBINE_TILES if splits > 1 or n_tail else 0.0)
+    return span + (combine_cost if splits > 1 or n_tail else 0.0)
 
 
 def sm90_impl(splits: int, block_tiles: int, blocks: int, num_sms: int) -> str:

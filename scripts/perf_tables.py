@@ -567,11 +567,12 @@ def _tail_ab(log: str):
         yield B, N, H, P, p, (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10]))
 
 
-def _tail_ratio(B, N, H, P, p) -> float:
+def _tail_ratio(B, N, H, P, p, costs=None) -> float:
     from kdtree.attention import _FUSED_BM, launch_tiles
 
     rt = B * -(-(N * H) // _FUSED_BM)
-    return launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits) / launch_tiles(rt, P + N, 132, p.splits)
+    return (launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits, costs)
+            / launch_tiles(rt, P + N, 132, p.splits, costs=costs))
 
 
 def tail_model(log: str) -> str:
@@ -597,17 +598,13 @@ def tail_fit(log: str) -> str:
     runs = list(_tail_ab(log))
     keep = (A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES)
 
-    def errors(consts):
-        A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES = consts
-        return [_tail_ratio(B, N, H, P, p) - meas for B, N, H, P, p, meas in runs]
+    def errors(costs):
+        return [_tail_ratio(B, N, H, P, p, costs) - meas for B, N, H, P, p, meas in runs]
 
-    try:
-        now = errors(keep)
-        grid = itertools.product([x / 2 for x in range(1, 17)], [x / 2 for x in range(0, 9)], range(0, 9))
-        fit = min(grid, key=lambda c: sum(e * e for e in errors(c)))
-        after = errors(fit)
-    finally:
-        A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES = keep
+    now = errors(keep)
+    grid = itertools.product([x / 2 for x in range(1, 17)], [x / 2 for x in range(0, 9)], range(0, 9))
+    fit = min(grid, key=lambda c: sum(e * e for e in errors(c)))
+    after = errors(fit)
     out = [f"From `{log}`: block, partial, combine (KV tile periods) in use {keep}, fitted {fit} "
            "(grid 0.5-8, 0-4, 0-8); model minus measured ratio:", "",
            "| B, N, H, P | measured | error in use | error fitted |", "|---|---|---|---|"]
