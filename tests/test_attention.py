@@ -275,6 +275,22 @@ def test_choose_tail_fills_the_last_wave():
     assert head * 3 == 132 and ts > 3
 
 
+def test_tail_sweep_forces_its_plan_only_inside_the_call(monkeypatch):
+    """``scripts/tail_sweep.py`` times each tail split count by standing in for ``choose_tail``
+    while a call runs: inside it ``launch_plan`` gives the forced plan, after it the chosen one."""
+    import runpy
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    sweep = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "scripts", "tail_sweep.py"))
+    kw = dict(batch=16, nodes=9, heads=64, kv_rows=1033, num_sms=132, impl="pair")
+    chosen, seen = launch_plan("fused", **kw), []
+    for head, ts in ((chosen.head, chosen.tail_splits + 3), (0, 0)):
+        sweep["_forced"](head, ts, lambda: seen.append(kdtree.attention.launch_plan("fused", **kw)))()
+    assert (seen[0].head, seen[0].tail_splits) == (chosen.head, chosen.tail_splits + 3)
+    assert (seen[1].head, seen[1].tail_splits, seen[1].splits) == (0, 0, chosen.splits)
+    assert kdtree.attention.launch_plan("fused", **kw) == chosen
+
+
 @pytest.mark.parametrize("kw", [dict(splits=2), dict(impl="tma_seq"), dict(layout="rows_n"), dict()],
                          ids=["splits", "tma_seq", "rows_n", "cascade"])
 def test_head_tail_only_for_the_pair_kernel_unforced(kw):
