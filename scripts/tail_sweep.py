@@ -40,6 +40,16 @@ def _forced(head: int, tail_splits: int, fn):
     return call
 
 
+def _rotating(sets, pl, tree, out):
+    """One fused call on the pair kernel a call, the input sets in turn (cold L2 inside a graph)."""
+    it = iter(range(1 << 30))
+
+    def call():
+        q, kv = sets[next(it) % len(sets)]
+        attention._run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="pair")
+    return call
+
+
 def sweep(shape: str, gen: torch.Generator) -> list[dict]:
     B, N, H, P = (int(v) for v in shape.split(","))
     sms = attention._num_sms(0)
@@ -61,12 +71,7 @@ def sweep(shape: str, gen: torch.Generator) -> list[dict]:
         _, wrong = check_config(refs, out)
         if wrong:
             raise AssertionError(f"{shape} head={head} tail_splits={ts}: {wrong}")
-        it = iter(range(1 << 30))
-
-        def call():
-            q, kv = sets[next(it) % len(sets)]
-            attention._run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="pair")
-        calls.append(_forced(head, ts, call))
+        calls.append(_forced(head, ts, _rotating(sets, pl, tree, out)))
     n = len(sets) * max(1, 8 // len(sets))
     times = time_graphs(calls, reps=15, calls_per_graph=n, warmup=2, l2="cold")
     rt = B * -(-(N * H) // attention._FUSED_BM)
