@@ -86,7 +86,8 @@ hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's 
 allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
 points the roof alone keeps from the bar.
 
-tail-fit: a log as tail-model reads it: ``launch_tiles``' three constants (block, partial and
+tail-fit: a log as tail-model reads it, or a ``scripts/tail_sweep.py`` CSV (several tail split
+counts a shape): ``launch_tiles``' three constants (block, partial and
 combine cost in KV tile periods) fitted to its measured ratios by a grid search, the model's
 error per shape with the constants in use and with the fit.
 
@@ -555,9 +556,22 @@ def ab(log: str) -> str:
 
 def _tail_ab(log: str):
     """An ``attention_ab.py`` log of a head/tail tree (first) against the uniform one (second):
-    per shape (B, N, H, P, the head/tail plan, the measured time ratio: the means of both passes)."""
+    per shape (B, N, H, P, the head/tail plan, the measured time ratio: the means of both passes).
+    A ``tail_sweep.py`` CSV (``.csv``): per head/tail row, its plan and time over its shape's
+    uniform one."""
+    from types import SimpleNamespace
+
     from kdtree.attention import launch_plan
 
+    if log.endswith(".csv"):
+        import pandas as pd
+
+        d = pd.read_csv(log)
+        uniform = d[d["head"] == 0].set_index(["B", "N", "H", "P"])["us"]
+        for r in d[d["head"] > 0].itertuples():
+            yield (r.B, r.N, r.H, r.P, SimpleNamespace(splits=r.splits, head=r.head, tail_splits=r.tail_splits),
+                   r.us / uniform[r.B, r.N, r.H, r.P])
+        return
     for ln in Path(log).read_text().splitlines()[1:]:
         tok = ln.split()
         if len(tok) != 13:
@@ -607,8 +621,10 @@ def tail_fit(log: str) -> str:
     after = errors(fit)
     out = [f"From `{log}`: block, partial, combine (KV tile periods) in use {keep}, fitted {fit} "
            "(grid 0.5-8, 0-4, 0-8); model minus measured ratio:", "",
-           "| B, N, H, P | measured | error in use | error fitted |", "|---|---|---|---|"]
-    out += [f"| {r[0]}, {r[1]}, {r[2]}, {r[3]} | {r[5]:.2f} | {a:+.2f} | {b:+.2f} |" for r, a, b in zip(runs, now, after)]
+           "| B, N, H, P | splits, head row tiles, tail splits | measured | error in use | error fitted |",
+           "|---|---|---|---|---|"]
+    out += [f"| {B}, {N}, {H}, {P} | {p.splits}, {p.head}, {p.tail_splits} | {m:.2f} | {a:+.2f} | {b:+.2f} |"
+            for (B, N, H, P, p, m), a, b in zip(runs, now, after)]
     rms = [(sum(e * e for e in es) / len(es)) ** 0.5 for es in (now, after)]
     out += ["", f"rms error: {rms[0]:.3f} in use, {rms[1]:.3f} fitted; max |error| {max(map(abs, now)):.3f}, "
             f"{max(map(abs, after)):.3f}"]

@@ -386,3 +386,36 @@ def test_the_tail_fit_beats_the_constants_in_use_on_the_log_it_fits():
                                                           / "ab.log")).splitlines()) - 4
     rms_used, rms_fit, max_used, max_fit = map(float, re.findall(r"\d+\.\d+", text.splitlines()[-1]))
     assert rms_fit <= rms_used and max_fit <= max_used
+
+
+def test_the_tail_fit_finds_the_constants_a_sweep_was_made_with(tmp_path, monkeypatch):
+    """``tail-fit`` on a ``tail_sweep.py`` CSV whose times ``launch_tiles`` made with constants on
+    the search grid (several tail split counts a shape, the sweep's shapes and plans): it reads
+    every head/tail row against its shape's uniform one and finds those constants, with no error."""
+    import csv
+
+    from kdtree import attention
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    sweep = runpy.run_path(str(ROOT / "scripts" / "tail_sweep.py"))
+    made = (3.0, 1.0, 4.0)
+    rows = []
+    for shape in sweep["SHAPES"]:
+        B, N, H, P = (int(v) for v in shape.split(","))
+        plan = attention.launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132, impl="pair")
+        rt = B * -(-(N * H) // attention._FUSED_BM)
+        for head, ts in [(0, 0)] + [(plan.head, plan.tail_splits + d) for d in (-1, 0, 2, 5) if plan.tail_splits + d
+                                    > plan.splits]:
+            rows.append(dict(B=B, N=N, H=H, P=P, splits=plan.splits, head=head, tail_splits=ts,
+                             us=1.75 * attention.launch_tiles(rt, P + N, 132, plan.splits, head, ts, made)))
+    path = tmp_path / "tail_sweep.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    text = PERF_TABLES["tail_fit"](str(path))
+    fitted = tuple(map(float, re.findall(r"\((\S+), (\S+), (\S+)\)", text.splitlines()[0])[1]))
+    assert fitted == made
+    table = [line.split("|") for line in text.splitlines() if re.match(r"\| \d+, \d+, \d+, \d+ \|", line)]
+    assert len(table) == sum(r["head"] > 0 for r in rows) > len(sweep["SHAPES"])
+    assert all(cells[5].strip() in ("+0.00", "-0.00") for cells in table)
