@@ -577,3 +577,31 @@ def test_kernel_entry_points_reject_bad_input():
     assert gu == down | {"shape": None} and rows == 36
     assert ek.layer_gemm_options(10 ** 4, 8, 384, 48, 7168)[1]["rows_routed"] == 48   # every local expert
     assert [ek.chunk_tiles(T, 8, 384) for T in (1, 65, 257, 1025)] == [1, 1, 2, 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,k,rows_per_block", [(64, 7168, 32), (96, 2048, 16), (40, 512, 8), (32, 1024, 32)])
+@pytest.mark.parametrize("contiguous", [False, True], ids=["rows", "contiguous"])
+def test_the_read_probe_reads_every_word_once(rows, k, rows_per_block, contiguous, monkeypatch):
+    """``scripts/moe_read_probe.py``'s ``rows_probe`` in both patterns reads each 16 bytes of the
+    matrix exactly once: the XOR of its threads' XORs is the matrix's (first ^ last word of every
+    16 bytes; random words, so a word missed or read twice shows)."""
+    import runpy
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.syspath_prepend(str(root / "scripts"))
+    probe = runpy.run_path(str(root / "scripts" / "moe_read_probe.py"))
+    gen = torch.Generator(device="cuda").manual_seed(rows + k)
+    m = torch.randint(-2 ** 31, 2 ** 31 - 1, (rows, k // 2), dtype=torch.int32, device="cuda", generator=gen)
+    sink = torch.zeros(rows // rows_per_block, 128, dtype=torch.int32, device="cuda")
+    probe["read_rows"](m.view(torch.int16), rows_per_block, contiguous, sink, all_=True)
+    words = m.view(-1, 4)
+
+    def xor_all(t):
+        t = t.flatten().to(torch.int64) & 0xFFFFFFFF
+        while t.numel() > 1:
+            t = torch.cat([t, t.new_zeros(t.numel() % 2)]).view(-1, 2)
+            t = t[:, 0] ^ t[:, 1]
+        return int(t[0])
+
+    assert xor_all(sink) == xor_all(words[:, 0] ^ words[:, 3]) != 0
