@@ -89,7 +89,8 @@ points the roof alone keeps from the bar.
 tail-fit: a log as tail-model reads it, or a ``scripts/tail_sweep.py`` CSV (several tail split
 counts a shape): ``launch_tiles``' three constants (block, partial and
 combine cost in KV tile periods) fitted to its measured ratios by a grid search, the model's
-error per shape with the constants in use and with the fit.
+error per shape with the constants in use and with the fit; from a sweep, also the plan each
+picks at each shape and its measured time over the best plan's.
 
 tail-grid: two verify grids, the second with head/tail launches: at its head/tail shapes
 ``fused``'s time ratio and ``cascade``'s (the two runs' drift).
@@ -628,6 +629,24 @@ def tail_fit(log: str) -> str:
     rms = [(sum(e * e for e in es) / len(es)) ** 0.5 for es in (now, after)]
     out += ["", f"rms error: {rms[0]:.3f} in use, {rms[1]:.3f} fitted; max |error| {max(map(abs, now)):.3f}, "
             f"{max(map(abs, after)):.3f}"]
+    shapes: dict = {}
+    for r in runs:
+        shapes.setdefault(r[:4], []).append(r)
+    if any(len(rs) > 1 for rs in shapes.values()):
+        out += ["", "The plan each set of constants picks among those measured (the uniform launch unless a plan's "
+                "modelled time saves `_TAIL_MIN_GAIN`), its measured time over the best one's:", "",
+                "| B, N, H, P | best measured: tail splits, ratio | in use: tail splits, over best "
+                "| fitted: tail splits, over best |", "|---|---|---|---|"]
+        for key, rs in shapes.items():
+            best = min(rs, key=lambda r: r[5])
+            best = (best[4].tail_splits, best[5]) if best[5] < 1.0 else (0, 1.0)
+
+            def pick(costs):
+                r = min(rs, key=lambda r: _tail_ratio(*r[:5], costs))
+                return (r[4].tail_splits, r[5]) if _tail_ratio(*r[:5], costs) <= 1.0 - A._TAIL_MIN_GAIN else (0, 1.0)
+            cells = [f"{ts}, {m / best[1]:.3f}" for ts, m in (pick(keep), pick(fit))]
+            out.append(f"| {', '.join(map(str, key))} | {best[0]}, {best[1]:.2f} | {cells[0]} | {cells[1]} |")
+        out += ["", "(tail splits 0: the uniform launch)"]
     return "\n".join(out)
 
 

@@ -416,6 +416,15 @@ def test_the_tail_fit_finds_the_constants_a_sweep_was_made_with(tmp_path, monkey
     text = PERF_TABLES["tail_fit"](str(path))
     fitted = tuple(map(float, re.findall(r"\((\S+), (\S+), (\S+)\)", text.splitlines()[0])[1]))
     assert fitted == made
-    table = [line.split("|") for line in text.splitlines() if re.match(r"\| \d+, \d+, \d+, \d+ \|", line)]
+    table = [line.split("|") for line in text.splitlines()
+             if re.match(r"\| \d+, \d+, \d+, \d+ \| \d+, \d+, \d+ \|", line)]
     assert len(table) == sum(r["head"] > 0 for r in rows) > len(sweep["SHAPES"])
     assert all(cells[5].strip() in ("+0.00", "-0.00") for cells in table)
+    # The picks: one row a shape; with the constants the times were made with, the plan picked is
+    # the best one wherever that saves the threshold.
+    picks = [line.split("|")[1:-1] for line in text.splitlines()
+             if re.match(r"\| \d+, \d+, \d+, \d+ \| \d+, \d\.\d\d \|", line)]
+    assert len(picks) == len(sweep["SHAPES"])
+    saving = [(float(best.split(",")[1]), float(fit.split(",")[1])) for _, best, _, fit in picks]
+    assert all(over == 1.0 for best, over in saving if best <= 1 - attention._TAIL_MIN_GAIN) and any(
+        best <= 1 - attention._TAIL_MIN_GAIN for best, _ in saving)
