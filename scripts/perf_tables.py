@@ -641,7 +641,7 @@ def tail_fit(log: str) -> str:
             best = min(rs, key=lambda r: r[5])
             best = (best[4].tail_splits, best[5]) if best[5] < 1.0 else (0, 1.0)
 
-            def pick(costs):
+            def pick(costs, rs=rs):
                 r = min(rs, key=lambda r: _tail_ratio(*r[:5], costs))
                 return (r[4].tail_splits, r[5]) if _tail_ratio(*r[:5], costs) <= 1.0 - A._TAIL_MIN_GAIN else (0, 1.0)
             cells = [f"{ts}, {m / best[1]:.3f}" for ts, m in (pick(keep), pick(fit))]
