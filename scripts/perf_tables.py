@@ -102,6 +102,9 @@ moe-bar: the 05 notebook's stage breakdown against the MoE layer's 0.75-of-HBM b
 time the bar allows, the time outside the two grouped GEMMs, and the fraction of HBM the GEMMs
 stream at now against what the bar would need of them.
 
+moe-read: ``scripts/moe_read_probe.py``'s CSV: the MoE grouped GEMM's weight read pattern against
+the same bytes read contiguously per block and the grid-stride read probe, per rows a block.
+
 mode-probe: ``scripts/mode_probe.py``'s CSV: per shape and configuration the per-call times, split
 by the SM clock read beside each call, and the calls held down by the power cap.
 """
@@ -440,6 +443,29 @@ def moe(run: str) -> str:
     sp = d[d.table == "speedup"].dropna(axis=1, how="all")
     out += [""] + [line for prefix in sorted(sp.prefix.unique())
                    for line in best_budget_statement(sp[sp.prefix == prefix])]
+    return "\n".join(out)
+
+
+def moe_read(csv_path: str) -> str:
+    """``scripts/moe_read_probe.py``'s CSV: per matrix and rows a block, the GEMM's read pattern
+    against the same bytes read contiguously per block, and both against the grid-stride read
+    probe over the same matrix (cold L2, graph replay)."""
+    import pandas as pd
+
+    d = pd.read_csv(csv_path)
+    d[["matrix", "pattern"]] = d["config"].str.split(" ", n=2, expand=True)[[0, 1]]
+    out = [f"From `{csv_path}` (one expert's matrix read, no math; cold L2, graph replay, median us):", "",
+           "| matrix | rows a block | blocks | GEMM pattern us (TB/s) | contiguous us (TB/s) | pattern / contiguous "
+           "| pattern, of the read probe |", "|---|---|---|---|---|---|---|"]
+    for m, g in d.groupby("matrix", sort=False):
+        probe = g[g["pattern"] == "read_probe"].iloc[0]
+        rows = g[g["pattern"] == "rows"].set_index("blocks")
+        cont = g[g["pattern"] == "contiguous"].set_index("blocks")
+        for blocks, r in rows.iterrows():
+            c = cont.loc[blocks]
+            out.append(f"| {m} | {r['config'].split()[2]} | {blocks} | {r['us']:.1f} ({r['tbps']:.2f}) "
+                       f"| {c['us']:.1f} ({c['tbps']:.2f}) | {r['us'] / c['us']:.3f} | {r['of_read_probe']:.2f} |")
+        out.append(f"| {m} | read probe | {probe['blocks']} | {probe['us']:.1f} ({probe['tbps']:.2f}) | | | 1.00 |")
     return "\n".join(out)
 
 
@@ -849,6 +875,7 @@ if __name__ == "__main__":
              "grid-vs": grid_vs, "split-cost": split_cost, "merge-trace": merge_trace, "first-pairs": first_pairs,
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
+             "moe-read": moe_read,
              "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
