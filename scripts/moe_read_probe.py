@@ -15,10 +15,10 @@ read pattern's alone.
 """
 from __future__ import annotations
 
-import csv
 import sys
 
 import numpy as np
+import pandas as pd
 import torch
 
 from kdtree.bench.timing import time_graphs
@@ -77,10 +77,7 @@ def main(out_csv: str | None = None) -> None:
         print(f"{r['config']:42s} {r['blocks']:6d} {r['mb']:6.1f} {r['us']:7.2f} {r['p20']:6.2f}-{r['p80']:6.2f} "
               f"{r['tbps']:5.2f} {r['of_read_probe']:8.2f}")
     if out_csv:
-        with open(out_csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows_out[0]))
-            w.writeheader()
-            w.writerows(rows_out)
+        pd.DataFrame(rows_out).to_csv(out_csv, index=False)
 
 
 if __name__ == "__main__":

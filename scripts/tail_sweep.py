@@ -12,9 +12,9 @@ plan: its measured time and ``launch_tiles``' modelled one, in KV tile periods.
 """
 from __future__ import annotations
 
-import csv
 import sys
 
+import pandas as pd
 import torch
 
 from attention_dev import check_config, input_sets, references
@@ -92,10 +92,7 @@ def main(out_csv: str, *shapes: str) -> None:
     rows = [r for s in shapes or SHAPES for r in sweep(s, gen)]
     if not rows:
         sys.exit("no head/tail plan at any shape")
-    with open(out_csv, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    pd.DataFrame(rows).to_csv(out_csv, index=False)
 
 
 if __name__ == "__main__":
