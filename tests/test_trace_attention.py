@@ -444,3 +444,20 @@ def test_moe_read_pairs_each_pattern_with_its_contiguous_control():
         us = dict(zip(pair["config"].str.split(" ").str[1], pair["us"]))
         assert abs(float(ratio) - us["rows"] / us["contiguous"]) <= 5e-4
         assert 1.0 < float(ratio) < 1.07
+
+
+def test_grid_diff_lists_the_shapes_where_fused_alone_moved():
+    """perf_tables grid-diff's list of shapes where `fused` is > 2% slower while `cascade` stayed
+    within 1%: every row's two ratios recomputed from the parquets meet that rule, and every shape
+    that meets it is listed (b892e04 -> d435fa2: the three 26-split launches at B = 1, P = 32768)."""
+    import pandas as pd
+
+    old, new = (ROOT / "results" / "verify_table_h100" / c for c in ("b892e04", "d435fa2"))
+    text = PERF_TABLES["grid_diff"](str(old), str(new))
+    tail = text.split("alone slower")[1].splitlines()
+    listed = {tuple(int(v) for v in line.split("|")[1].split(",")) for line in tail
+              if re.match(r"\| \d+, \d+, \d+, \d+ \|", line)}
+    a, b = (pd.read_parquet(next(p.glob("*.parquet"))).set_index(["config", "B", "N", "H", "P"]).us for p in (old, new))
+    r = (b / a).dropna()
+    want = {k for k in r["fused"].index if r["fused"][k] > 1.02 and abs(r["cascade"].get(k, 9) - 1) <= 0.01}
+    assert listed == want and {(1, 33, 8, 32768), (1, 17, 16, 32768), (1, 9, 32, 32768)} <= listed
