@@ -31,6 +31,7 @@
 #define ATT_EV_ENTRY 15       // the thread's first instruction (pair); tile field = globaltimer ns low 32 bits
 #define ATT_EV_EPI_SYNC 16    // epilogue: both warpgroups' row sums in (its block barrier passed)
 #define ATT_EV_O_STORED 17    // epilogue: O's stores issued
+#define ATT_EV_RESCALED 18    // rn72 warpgroup 0: the tile moved some row's shift (the full max step ran)
 
 #if defined(ATT_TRACE)
 #define ATT_TRACE_BLOCKS 8

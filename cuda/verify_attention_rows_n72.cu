@@ -28,6 +28,7 @@
 // done), then boxes 2-7, then 0-1.
 #include "attention_common.cuh"
 #include "attention_tile.cuh"
+#include "attention_trace.cuh"
 #include "attention_wgmma.cuh"
 
 #define RN72_ROWS 72
@@ -132,7 +133,7 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
                                          int W, int tid, int wq, int gid, int tig, float scale_log2,
                                          att_bf16* __restrict__ out, float* __restrict__ lse,
                                          att_bf16* __restrict__ o_part, float* __restrict__ lse_part, int B,
-                                         int slot0) {
+                                         int slot0, AttTrace& tr) {
   constexpr int NO = RN72_NB0 * 36;
   float o[NO], m[18], l[18];
 #pragma unroll
@@ -148,7 +149,9 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
     float s[36];
     mb_wait(bar + 8 * (RN72_FULL_HI + st), (i >> 1) & 1);
     mb_wait(bar + 8 * (RN72_FULL_LO + st), (i >> 1) & 1);
+    att_trace_rec(tr, ATT_EV_FULL_WAIT, i);
     mb_wait(bar + 8 * RN72_FULL_R, i & 1);
+    att_trace_rec(tr, ATT_EV_LANDED, i);
     // Descriptors kept opaque per tile, so that each k-step's is one add next to its wgmma instead
     // of all 72 hoisted out of the tile loop into registers.
     att_u64 dQ = wg_desc(sQ, 16, 1024), dK = wg_desc(sVst, 16, 1024), dR = wg_desc(sR, 16, 1024);
@@ -164,15 +167,18 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
       wg_mma<RN72_ROWS, 0>(s, wg_desc_add(dK, b * RN72_BOX + (ks & 3) * 32), wg_desc_add(dQ, b * RN72_QBOX + (ks & 3) * 32));
     }
     wg_commit();
+    att_trace_rec(tr, ATT_EV_S_ISSUED, i);
     rn72_wait_group1();  // the rope k-steps are done
     if (tid == 0 && i + 1 < n_tiles) rn72_load_rope(map, sR, bar + 8 * RN72_FULL_R, row_base + (kt + 1) * FUSED_BN);
     wg_wait_all();
     wg_pin<36>(s);
     wg_pin<NO>(o);
+    att_trace_rec(tr, ATT_EV_S_DONE, i);
 
     // The P tile holds the max partials until P is written: warpgroup 1 must be done reading P
     // of tile i - 1 (its O^T waited).
     if (i > 0) mb_wait(bar + 8 * RN72_PEMPTY, (i - 1) & 1);
+    att_trace_rec(tr, ATT_EV_FREE_WAIT, i);
     // Scale to the log2 domain and mask (only tiles that reach the tree rows or the range end).
     // The shift of a row's exponentials is its running max m, kept until a tile's score exceeds
     // it by more than RN72_SLACK (FlashAttention-4's conditional rescale): P then stays below
@@ -225,9 +231,11 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
       }
       if (tid == 0) sRescale[st] = 1;
       nb_sync(1, 128);  // every warp read the partials: P may overwrite them
+      att_trace_rec(tr, ATT_EV_RESCALED, i);
     } else if (tid == 0) {
       sRescale[st] = 0;
     }
+    att_trace_rec(tr, ATT_EV_MASKED, i);
 #pragma unroll
     for (int ci = 0; ci < 18; ++ci) {
       const float mu = m[ci] == ATT_NEG_INF ? 0.f : m[ci];
@@ -248,20 +256,26 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
     }
     att_fence_proxy_async();
     mb_arrive(bar + 8 * RN72_PFULL);
+    att_trace_rec(tr, ATT_EV_PUB, i);
     wg_pin<NO>(o);
     rn72_pv<RN72_NB0>(o, sVst, sP, 0);
+    att_trace_rec(tr, ATT_EV_PV_ISSUED, i);
     // Waited here, not behind the next S^T: ptxas serialises every wgmma of a loop that waits
     // with wait_group 1 and then touches the accumulators. The boxes 0 .. NB0 - 1 refill at once.
     wg_wait_all();
     wg_pin<NO>(o);
-    if (tid == 0 && i + 2 < n_tiles)
+    att_trace_rec(tr, ATT_EV_PV_DONE, i);
+    if (tid == 0 && i + 2 < n_tiles) {
       rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_LO + st), st, 0, RN72_NB0, row_base + (kt + 2) * FUSED_BN);
+      att_trace_rec(tr, ATT_EV_TMA_ISSUED, i + 2);
+    }
   }
 
   // Row sums over the 64 token lanes, lse, and 1 / sum for both warpgroups (alpha's slots).
   // Warpgroup 1's last O^T is done: the P tile is free. (The hand-offs of the end are mbarriers
   // too: with named barriers of both warpgroups, racecheck reported the 1 / sum slots.)
   if (n_tiles > 0) mb_wait(bar + 8 * RN72_PEMPTY, (n_tiles - 1) & 1);
+  att_trace_rec(tr, ATT_EV_EPI_SYNC, -1);
 #pragma unroll
   for (int ci = 0; ci < 18; ++ci) {
 #pragma unroll
@@ -281,6 +295,7 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
   mb_arrive(bar + 8 * RN72_INV);  // 1 / sum published
   nb_sync(1, 128);
   rn72_store<RN72_NB0>(o, sAlpha, k, rows, 0, wq, gid, tig, out, o_part, B, slot0);
+  att_trace_rec(tr, ATT_EV_O_STORED, -1);
 }
 
 // Warpgroup 1: O^T value blocks RN72_NB0 .. 7 of every tile once P is published, and the refill
@@ -289,7 +304,7 @@ __device__ __forceinline__ void rn72_wg1(const AttTensorMap* map, att_u32 sV, at
                                          const int* sRescale,
                                          att_u32 bar, const FusedBlock& k, int rows, int row_base, int n_tiles,
                                          int tid, int wq, int gid, int tig, att_bf16* __restrict__ out,
-                                         att_bf16* __restrict__ o_part, int B, int slot0) {
+                                         att_bf16* __restrict__ o_part, int B, int slot0, AttTrace& tr) {
   constexpr int NB = 8 - RN72_NB0, NO = NB * 36;
   float o[NO];
 #pragma unroll
@@ -297,6 +312,7 @@ __device__ __forceinline__ void rn72_wg1(const AttTensorMap* map, att_u32 sV, at
   for (int i = 0; i < n_tiles; ++i) {
     const int st = i & 1, kt = k.kt0 + i;
     mb_wait(bar + 8 * RN72_PFULL, i & 1);
+    att_trace_rec(tr, ATT_EV_PUB_WAIT, i);
     if (sRescale[st])  // the tile moved some row's shift: rescale this warpgroup's O^T
 #pragma unroll
     for (int ci = 0; ci < 18; ++ci) {
@@ -309,14 +325,20 @@ __device__ __forceinline__ void rn72_wg1(const AttTensorMap* map, att_u32 sV, at
     }
     wg_pin<NO>(o);
     rn72_pv<NB>(o, sV + st * RN72_SMEM_V, sP, RN72_NB0);
+    att_trace_rec(tr, ATT_EV_PV_ISSUED, i);
     wg_wait_all();
     wg_pin<NO>(o);
+    att_trace_rec(tr, ATT_EV_PV_DONE, i);
     mb_arrive(bar + 8 * RN72_PEMPTY);
-    if (tid == 128 && i + 2 < n_tiles)
+    if (tid == 128 && i + 2 < n_tiles) {
       rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_HI + st), st, RN72_NB0, 8, row_base + (kt + 2) * FUSED_BN);
+      att_trace_rec(tr, ATT_EV_TMA_ISSUED, i + 2);
+    }
   }
   mb_wait(bar + 8 * RN72_INV, 0);  // 1 / sum published
+  att_trace_rec(tr, ATT_EV_EPI_SYNC, -1);
   rn72_store<NB>(o, sAlpha, k, rows, RN72_NB0, wq, gid, tig, out, o_part, B, slot0);
+  att_trace_rec(tr, ATT_EV_O_STORED, -1);
 }
 
 
@@ -336,6 +358,8 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
   const int wq = warp & 3, gid = lane >> 2, tig = lane & 3;
+  AttTrace tr = att_trace_open(wg, (tid & 127) == 0);  // thread 0 of each warpgroup, with -DATT_TRACE
+  att_trace_stamp(tr, ATT_EV_ENTRY);
   const FusedBlock k = fused_block(prefix_lens, S, N, H, splits, mode, RN72_ROWS);
   const int rows = min(RN72_ROWS, k.NH - k.g0);
   const int row_base = k.b * S + k.lo;  // kv map row of the range's first token
@@ -371,12 +395,15 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
     att_fence_proxy_async();
   }
   __syncthreads();
+  att_trace_stamp(tr, ATT_EV_START);
 
   if (wg == 0)
     rn72_wg0(map, sQ, sV, sR, sP, red, sAlpha, sRescale, bar, k, rows, row_base, n_tiles, vis, N, H, W, tid, wq, gid, tig,
-             scale_log2, out, lse, o_part, lse_part, B, slot0);
+             scale_log2, out, lse, o_part, lse_part, B, slot0, tr);
   else
-    rn72_wg1(map, sV, sP, sAlpha, sRescale, bar, k, rows, row_base, n_tiles, tid, wq, gid, tig, out, o_part, B, slot0);
+    rn72_wg1(map, sV, sP, sAlpha, sRescale, bar, k, rows, row_base, n_tiles, tid, wq, gid, tig, out, o_part, B, slot0,
+             tr);
+  att_trace_rec(tr, ATT_EV_END, -1);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

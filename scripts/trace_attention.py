@@ -2,8 +2,10 @@
 
 Builds ``cuda/verify_attention_tma.cu`` (impl ``tma`` / ``tma_seq``: the first 8 blocks record
 clock64 at every handoff of the consumer warpgroups, the producer and a watcher on the full
-barriers) or ``cuda/verify_attention_pair.cu`` (impl ``pair``: thread 0 of each warpgroup at its
-handoffs, loads issued, and when S saw a tile's first and last box landed) with ``-DATT_TRACE``
+barriers), ``cuda/verify_attention_pair.cu`` (impl ``pair``: thread 0 of each warpgroup at its
+handoffs, loads issued, and when S saw a tile's first and last box landed) or
+``cuda/verify_attention_rows_n72.cu`` (impl ``rn72``: thread 0 of each warpgroup at its handoffs,
+the loads it issues, and the tiles that moved a row's shift) with ``-DATT_TRACE
 (``cuda/attention_trace.cuh``), checks the traced kernel against float64, times it and the
 untraced kernel by CUDA-graph replay (what the trace costs), then runs it once after an L2 flush
 and reads the records back. Prints, per shape, the median of each interval over the blocks'
@@ -11,6 +13,9 @@ steady-state tiles (first and last two left out) and one block's timeline around
 saves the raw records (``trace_<impl>_<B>_<N>_<H>_<P>.npz``) in OUT.
 
     PYTHONPATH=. python scripts/trace_attention.py OUT [IMPL] [B,N,H,P ...]
+
+``rn72`` runs only fused calls in the rows_n layout, so it is called directly (not through
+``KDTREE_FUSED_IMPL``) with the split count ``launch_plan`` gives it, or ``SPLITS=n``.
 
 The flush before the traced call reads a buffer twice the L2 (``kdtree.bench.timing.L2Flush``, as
 the timings do); ``FLUSH=write`` zeroes 256 MB instead, as this script did up to 0f12ac9's traces,
@@ -34,7 +39,7 @@ from kdtree.bench.attention_sweep import SCALE, check, make_sets
 from kdtree.bench.timing import L2Flush, time_graph
 
 EV = ["start", "full_wait", "s_issued", "s_done", "free_wait", "pub", "pub_wait", "pv_issued", "pv_done",
-      "empty", "end", "empty_wait", "tma_issued", "landed", "masked", "entry", "epi_sync", "o_stored"]
+      "empty", "end", "empty_wait", "tma_issued", "landed", "masked", "entry", "epi_sync", "o_stored", "rescaled"]
 ROLES = ["wg0", "wg1", "producer", "watcher"]
 BLOCKS, N_REC = 8, 2048   # ATT_TRACE_BLOCKS, ATT_TRACE_N in cuda/attention_trace.cuh
 EXTRA = dict(kv.split("=", 1) for kv in os.environ.get("DEFINES", "").split(",") if kv)
@@ -46,7 +51,7 @@ if FLUSH not in ("read", "write", "none"):
 
 def source(impl: str) -> str:
     """The source file (``cuda/<name>.cu``) of a traced kernel."""
-    return attention._SRC_PAIR if impl == "pair" else attention._SRC_TMA
+    return {"pair": attention._SRC_PAIR, "rn72": attention._SRC_RN72}.get(impl, attention._SRC_TMA)
 
 
 def traced_module(impl: str):
@@ -90,21 +95,28 @@ def parse_records(raw: np.ndarray) -> list[dict[str, list[tuple[int, str, int]]]
 
 
 def summary(blocks: list[dict], mhz: float, impl: str) -> dict[str, np.ndarray]:
-    """Every interval of :func:`intervals` (:func:`pair_intervals` for ``pair``) over the
-    steady-state tiles of all traced blocks (us)."""
+    """Every interval of :func:`intervals` (:func:`pair_intervals` for ``pair``,
+    :func:`rn72_intervals` for ``rn72``) over the steady-state tiles of all traced blocks (us)."""
     merged: dict[str, list[float]] = {}
+    of = {"pair": pair_intervals, "rn72": rn72_intervals}.get(impl, intervals)
     for roles in blocks:
-        for k, v in (pair_intervals if impl == "pair" else intervals)(roles, mhz).items():
+        for k, v in of(roles, mhz).items():
             merged.setdefault(k, []).extend(v)
     return {k: np.array(v) for k, v in merged.items()}
 
 
-def intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
-    """Per steady-state tile, the intervals (us) between the handoffs of one block."""
-    at = {}   # (role, event, tile) -> clock
+def handoffs(roles: dict) -> dict[tuple[str, str, int], int]:
+    """{(role, event, tile): clock} of a block's records, the first record of each."""
+    at = {}
     for role, recs in roles.items():
         for c, ev, t in recs:
             at.setdefault((role, ev, t), c)
+    return at
+
+
+def intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
+    """Per steady-state tile, the intervals (us) between the handoffs of one block."""
+    at = handoffs(roles)
     n = 1 + max((t for (r, ev, t) in at if ev == "tma_issued"), default=-1)
     us = lambda a, b: (b - a) / mhz
     out: dict[str, list[float]] = {}
@@ -138,10 +150,7 @@ def intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
 def pair_intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
     """Per steady-state pair of tiles (A = a, B = a + 1) of the pair kernel, the intervals (us)
     between the handoffs of one block (wg0 computes S_A, wg1 S_B; each does both P V)."""
-    at = {}
-    for role, recs in roles.items():
-        for c, ev, t in recs:
-            at.setdefault((role, ev, t), c)
+    at = handoffs(roles)
     n = 1 + max((t for (r, ev, t) in at if ev == "s_done"), default=-1)
     out: dict[str, list[float]] = {}
 
@@ -184,6 +193,39 @@ def pair_intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
     return out
 
 
+def rn72_intervals(roles: dict, mhz: float) -> dict[str, list[float]]:
+    """Per steady-state tile of the rn72 kernel, the intervals (us) between the handoffs of one
+    block (wg0: S^T, the softmax, P and O^T value blocks 0-1; wg1: value blocks 2-7), and
+    ``rescaled``: 1 for a tile that moved some row's shift (the full max step), else 0."""
+    at = handoffs(roles)
+    n = 1 + max((t for (r, ev, t) in at if ev == "pv_done"), default=-1)
+    out: dict[str, list[float]] = {}
+    for i in range(2, n - 2):
+        def g(role, ev, t=i):
+            return at.get((role, ev, t))
+        for name, x, y in [
+            ("wg0: O^T(i-1) done -> value boxes of i seen", g("wg0", "pv_done", i - 1), g("wg0", "full_wait")),
+            ("wg0: value boxes seen -> rope box seen", g("wg0", "full_wait"), g("wg0", "landed")),
+            ("wg0: rope box seen -> S^T issued (36 wgmma)", g("wg0", "landed"), g("wg0", "s_issued")),
+            ("wg0: S^T issued -> done", g("wg0", "s_issued"), g("wg0", "s_done")),
+            ("wg0: S^T done -> wg1 done with P(i-1)", g("wg0", "s_done"), g("wg0", "free_wait")),
+            ("wg0: P free -> masked (scale, mask, max step if any)", g("wg0", "free_wait"), g("wg0", "masked")),
+            ("wg0: masked -> P published (exp, P stores)", g("wg0", "masked"), g("wg0", "pub")),
+            ("wg0: P published -> O^T 0-1 done", g("wg0", "pub"), g("wg0", "pv_done")),
+            ("wg0: boxes 0-1 of i issued -> seen", g("wg0", "tma_issued"), g("wg0", "full_wait")),
+            ("wg1: boxes 2-7 of i issued -> seen (wg0)", g("wg1", "tma_issued"), g("wg0", "full_wait")),
+            ("wg1: P(i) published -> seen", g("wg0", "pub"), g("wg1", "pub_wait")),
+            ("wg1: P seen -> O^T 2-7 issued (rescale, issue)", g("wg1", "pub_wait"), g("wg1", "pv_issued")),
+            ("wg1: O^T 2-7 issued -> done", g("wg1", "pv_issued"), g("wg1", "pv_done")),
+            ("wg1: O^T(i) done -> P(i+1) seen (idle)", g("wg1", "pv_done"), g("wg1", "pub_wait", i + 1)),
+            ("tile period (S^T issued i -> i+1)", g("wg0", "s_issued"), g("wg0", "s_issued", i + 1)),
+        ]:
+            if x is not None and y is not None:
+                out.setdefault(name, []).append((y - x) / mhz)
+        out.setdefault("rescaled", []).append(float(g("wg0", "rescaled") is not None))
+    return out
+
+
 # Events whose tile field is not a tile: the globaltimer stamps (ns, low 32 bits) and the end.
 NOT_A_TILE = ("start", "entry", "end")
 
@@ -204,8 +246,10 @@ def timeline(roles: dict, mhz: float) -> list[str]:
 def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["KDTREE_FUSED_IMPL"] = impl
-    attention.fused_impl.cache_clear()
+    if impl != "rn72":
+        os.environ["KDTREE_FUSED_IMPL"] = impl
+        attention.fused_impl.cache_clear()
+    splits = int(os.environ["SPLITS"]) if os.environ.get("SPLITS") else None
     shapes = shapes or ("1,257,64,4096", "16,33,64,16384", "64,9,8,16384")
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(0)
@@ -214,14 +258,20 @@ def main(out_dir: str, impl: str = "tma", *shapes: str) -> None:
         tree, pl, sets = make_sets(B, N, H, P, 1, dev, gen)
         q, kv = sets[0]
         plan = attention.launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=kv.shape[1],
-                                     num_sms=attention._num_sms(0), impl=impl)
-        def run(q=q, kv=kv, pl=pl, tree=tree):
-            return attention.verify_attention(q, kv, pl, tree, SCALE, "fused", check_values=False)
+                                     num_sms=attention._num_sms(0), impl=impl, splits=splits)
+        result = (torch.empty(B, N, H, attention.D_V, dtype=torch.bfloat16, device=dev),
+                  torch.empty(B, N, H, dtype=torch.float32, device=dev))
+
+        def run(q=q, kv=kv, pl=pl, tree=tree, result=result):
+            if impl != "rn72":
+                return attention.verify_attention(q, kv, pl, tree, SCALE, "fused", check_values=False)
+            attention._run_cuda("fused", q, kv, pl, tree, SCALE, *result, splits=splits, impl=impl, layout="rows_n")
+            return result
 
         res = {}
         for on in (False, True)[:1 + (os.environ.get("TRACE", "1") != "0")]:
             use_trace(on, impl)
-            rel, _ = check("fused", q, kv, pl, tree)
+            rel, _ = check("fused", q, kv, pl, tree, run())
             t = time_graph(run, reps=10, calls_per_graph=1, warmup=2, l2="cold")
             res[on] = t
             print(f"{impl} {EXTRA or ''} B={B} N={N} H={H} P={P} splits={plan.splits} {'traced' if on else 'plain '}: "

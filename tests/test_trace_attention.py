@@ -461,3 +461,27 @@ def test_grid_diff_lists_the_shapes_where_fused_alone_moved():
     r = (b / a).dropna()
     want = {k for k in r["fused"].index if r["fused"][k] > 1.02 and abs(r["cascade"].get(k, 9) - 1) <= 0.01}
     assert listed == want and {(1, 33, 8, 32768), (1, 17, 16, 32768), (1, 9, 32, 32768)} <= listed
+
+
+def test_rn72_intervals_read_one_blocks_handoffs():
+    """rn72_intervals on a synthetic block of 8 tiles whose handoffs sit at known clocks (1 MHz:
+    one clock a microsecond): each steady tile's intervals come out as laid down, tile 3's max
+    step shows in ``rescaled``, and the wg1 idle gap ends at the next tile's P seen."""
+    wg0, wg1 = [], []
+    for i in range(8):
+        t = 100 * i
+        wg0 += [(t + 0, "full_wait", i), (t + 2, "landed", i), (t + 3, "s_issued", i), (t + 40, "s_done", i),
+                (t + 45, "free_wait", i)]
+        if i == 3:
+            wg0.append((t + 50, "rescaled", i))
+        wg0 += [(t + 55, "masked", i), (t + 70, "pub", i), (t + 71, "pv_issued", i), (t + 90, "pv_done", i)]
+        wg1 += [(t + 72, "pub_wait", i), (t + 74, "pv_issued", i), (t + 130, "pv_done", i)]
+    blocks = [{"wg0": wg0, "wg1": wg1, "producer": [], "watcher": []}]
+    got = TRACE["summary"](blocks, 1.0, "rn72")
+    steady = list(range(2, 6))
+    assert got["rescaled"].tolist() == [float(i == 3) for i in steady]
+    assert got["wg0: S^T issued -> done"].tolist() == [37.0] * 4
+    assert got["wg0: O^T(i-1) done -> value boxes of i seen"].tolist() == [10.0] * 4
+    assert got["wg0: masked -> P published (exp, P stores)"].tolist() == [15.0] * 4
+    assert got["wg1: O^T(i) done -> P(i+1) seen (idle)"].tolist() == [42.0] * 4
+    assert got["tile period (S^T issued i -> i+1)"].tolist() == [100.0] * 4
