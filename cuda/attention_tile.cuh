@@ -186,6 +186,32 @@ __device__ __forceinline__ att_u64 att_visible_bits(int base, int p, int hi, con
   return valid >= 64 ? bits : valid <= 0 ? 0ull : bits & ((1ull << valid) - 1ull);
 }
 
+// S^T of a rows_n tile in the wgmma accumulator layout, this thread's s[4 j + 2 e + c] at token
+// T + 16 wq + gid + 8 e and block row r0 + 8 j + 2 tig + c (NJ groups of 8 rows): scale to the
+// log2 domain and mask keys past each row's end or invisible tree rows. The edge test stays
+// outside the row loop: inside it, ptxas kept one guarded region (a BSSY / BSYNC pair) per row
+// pair on every tile, masked or not, about 1500 of rn72's 6800-cycle tile on an H100 (Nsight
+// Compute's samples, docs/perf_log.md, session 36), the trap att_visible_bits records below.
+template <int NJ>
+__device__ __forceinline__ void rows_n_scale_mask(float* s, const FusedBlock& k, int T, int r0, int wq, int gid,
+                                                  int tig, const long long* vis, int N, int H, int W,
+                                                  float scale_log2) {
+#pragma unroll
+  for (int e = 0; e < 4 * NJ; ++e) s[e] *= scale_log2;
+  if ((T + FUSED_BN > k.p) || (T + FUSED_BN > k.hi)) {
+    const int t0 = T + 16 * wq + gid;
+#pragma unroll
+    for (int ci = 0; ci < 2 * NJ; ++ci) {
+      const int r = r0 + 8 * (ci >> 1) + 2 * tig + (ci & 1), end = fused_row_end(k, N, H, r);
+      const long long* vrow = vis + ((size_t)k.b * N + fused_row_node(k, N, H, r)) * W;
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (t0 + 8 * e >= end || !att_kv_visible(t0 + 8 * e, k.p, vrow))
+          s[4 * (ci >> 1) + 2 * e + (ci & 1)] = ATT_NEG_INF;
+    }
+  }
+}
+
 // S of this thread's rows r_lo / r_hi = r_lo + 8 over KV columns col0 + 8 nt + 2 tig + {0, 1}
 // of tile T (NT n8 tiles in the mma / wgmma accumulator layout): scale to the log2 domain, mask
 // keys past each row's end or invisible tree rows (only on tiles that reach them: a warp-uniform

@@ -62,26 +62,10 @@ __device__ __forceinline__ void rn_tile(float* o, float* m, float* l, att_u32 sK
 
   // Scale to the log2 domain, mask (only on tiles that reach the tree rows or the range end),
   // and each column's max over this thread's two tokens, the warp's 16, then the 64.
-  const bool edge = (T + FUSED_BN > k.p) || (T + FUSED_BN > k.hi);
+  rows_n_scale_mask<NJ>(s, k, T, w.r0, w.wq, w.gid, w.tig, vis, N, H, W, scale_log2);
   float mx[NW / 4];
 #pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-    for (int c2 = 0; c2 < 2; ++c2) {
-#pragma unroll
-      for (int e2 = 0; e2 < 2; ++e2) s[4 * j + 2 * e2 + c2] *= scale_log2;
-      if (edge) {
-        const int r = w.r0 + 8 * j + 2 * w.tig + c2, end = fused_row_end(k, N, H, r);
-        const long long* vrow = vis + ((size_t)k.b * N + fused_row_node(k, N, H, r)) * W;
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-          const int t = T + 16 * w.wq + w.gid + 8 * e2;
-          if (t >= end || !att_kv_visible(t, k.p, vrow)) s[4 * j + 2 * e2 + c2] = ATT_NEG_INF;
-        }
-      }
-      mx[2 * j + c2] = fmaxf(s[4 * j + c2], s[4 * j + 2 + c2]);
-    }
-  }
+  for (int ci = 0; ci < NW / 4; ++ci) mx[ci] = fmaxf(s[4 * (ci >> 1) + (ci & 1)], s[4 * (ci >> 1) + 2 + (ci & 1)]);
 #pragma unroll
   for (int ci = 0; ci < NW / 4; ++ci) {
 #pragma unroll

@@ -179,28 +179,16 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
     // of tile i - 1 (its O^T waited).
     if (i > 0) mb_wait(bar + 8 * RN72_PEMPTY, (i - 1) & 1);
     att_trace_rec(tr, ATT_EV_FREE_WAIT, i);
-    // Scale to the log2 domain and mask (only tiles that reach the tree rows or the range end).
-    // The shift of a row's exponentials is its running max m, kept until a tile's score exceeds
-    // it by more than RN72_SLACK (FlashAttention-4's conditional rescale): P then stays below
-    // 2^RN72_SLACK, and a tile that exceeds nowhere (one OR over the warpgroup) skips the
-    // cross-warp max and both warpgroups' rescale of O^T.
-    const bool edge = (T + FUSED_BN > k.p) || (T + FUSED_BN > k.hi);
+    // Scale to the log2 domain and mask (rows_n_scale_mask). The shift of a row's exponentials is
+    // its running max m, kept until a tile's score exceeds it by more than RN72_SLACK
+    // (FlashAttention-4's conditional rescale): P then stays below 2^RN72_SLACK, and a tile that
+    // exceeds nowhere (one OR over the warpgroup) skips the cross-warp max and both warpgroups'
+    // rescale of O^T.
+    rows_n_scale_mask<9>(s, k, T, 0, wq, gid, tig, vis, N, H, W, scale_log2);
     bool over = false;
 #pragma unroll
-    for (int ci = 0; ci < 18; ++ci) {
-      float& s0 = s[4 * (ci >> 1) + (ci & 1)];
-      float& s1 = s[4 * (ci >> 1) + 2 + (ci & 1)];
-      s0 *= scale_log2;
-      s1 *= scale_log2;
-      if (edge) {
-        const int r = rn72_col(ci, tig), end = fused_row_end(k, N, H, r);
-        const long long* vrow = vis + ((size_t)k.b * N + fused_row_node(k, N, H, r)) * W;
-        const int t0 = T + 16 * wq + gid;
-        if (t0 >= end || !att_kv_visible(t0, k.p, vrow)) s0 = ATT_NEG_INF;
-        if (t0 + 8 >= end || !att_kv_visible(t0 + 8, k.p, vrow)) s1 = ATT_NEG_INF;
-      }
-      over |= fmaxf(s0, s1) > m[ci] + RN72_SLACK;
-    }
+    for (int ci = 0; ci < 18; ++ci)
+      over |= fmaxf(s[4 * (ci >> 1) + (ci & 1)], s[4 * (ci >> 1) + 2 + (ci & 1)]) > m[ci] + RN72_SLACK;
     if (nb_any(1, 128, over)) {
       // The full step: each row's max over the tile (8 lanes, then the 4 warps through the
       // partials), the new shift, and the rescale alpha of the running sums and of O^T.

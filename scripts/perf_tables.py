@@ -14,6 +14,7 @@
     python scripts/perf_tables.py mode-probe results/mode_probe_h100/b7ddb06/modes.csv
     python scripts/perf_tables.py hbm-bar results/verify_table_h200/b6fc776
     python scripts/perf_tables.py moe-bar results/moe/h200_05_1da4148
+    python scripts/perf_tables.py rn72-stalls results/ncu_stalls_h100/rn72_9b1b4a4/rn72_source.csv.gz
     python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
@@ -104,6 +105,12 @@ stream at now against what the bar would need of them.
 
 moe-read: ``scripts/moe_read_probe.py``'s CSV: the MoE grouped GEMM's weight read pattern against
 the same bytes read contiguously per block and the grid-stride read probe, per rows a block.
+
+rn72-stalls: Nsight Compute's source page of the rn72 kernel (``--page source --csv``, the SASS
+with its warp-stall samples, as ``scripts/ncu_attention_stalls.sh`` saves it): warpgroup 0's and
+warpgroup 1's samples per section of the tile loop, found by the loop's SASS landmarks (its
+mbarrier waits by offset, the wgmma runs and waits, the warpgroup's OR, the P publish), and the
+guarded regions (BSSY / BSYNC) between S^T's wait and the OR.
 
 mode-probe: ``scripts/mode_probe.py``'s CSV: per shape and configuration the per-call times, split
 by the SM clock read beside each call, and the calls held down by the power cap.
@@ -880,6 +887,75 @@ def mode_probe(csv: str) -> str:
     return "\n".join(out)
 
 
+# rn72's mbarriers: RN72_OFF_BAR of cuda/verify_attention_rows_n72.cu (Q, two V stages, the rope
+# box, P and alpha before them) and the offsets of FULL_HI[0], FULL_R and PFULL after it.
+_RN72_BAR = 9 * 72 * 128 + 2 * 8 * 64 * 128 + 64 * 128 + 72 * 128 + 2 * 72 * 4
+_RN72_WAITS = {"hi": _RN72_BAR + 16, "rope": _RN72_BAR + 32, "pfull": _RN72_BAR + 40}
+
+
+def rn72_stalls(path: str) -> str:
+    """Warp-stall samples of the rn72 kernel's tile loops by section (see the module's doc)."""
+    import pandas as pd
+
+    d = pd.read_csv(path, skiprows=1)
+    src = d["Source"].str.strip().tolist()
+    samples = d["Warp Stall Sampling (All Samples)"].astype(int).tolist()
+    executed = d["Instructions Executed"].fillna(0).astype(int).tolist()
+    total = sum(samples)
+
+    def find(pattern, start, stop=len(src)):
+        for i in range(start, stop):
+            if re.search(pattern, src[i]):
+                return i
+        raise SystemExit(f"{path}: no SASS line matches {pattern!r} after line {start}")
+
+    def wait(name):
+        return rf"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT .*\+{_RN72_WAITS[name]:#x}\]"
+
+    depbar = r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0"
+    # Warpgroup 1's loop: the wait for P, its O^T wgmmas, their wait, the stage's release and refill.
+    w1 = find(wait("pfull"), 0)
+    w1_mma = find(r"HGMMA", w1)
+    w1_dep = find(depbar, w1_mma)
+    # A loop ends at the first line after its last wait that runs about once a block, not once a tile.
+    w1_end = next(i for i in range(w1_dep, len(src)) if 0 < executed[i] < executed[w1_dep] // 10)
+    # Warpgroup 0's loop.
+    w0 = find(wait("hi"), w1_end)
+    s_mma = find(r"HGMMA", find(wait("rope"), w0))
+    s_dep = find(depbar, s_mma)
+    bar_red = find(r"BAR\.RED\.OR", s_dep)
+    step_end = find(r"BAR\.SYNC\.DEFER_BLOCKING 0x1, 0x80", find(r"BAR\.SYNC\.DEFER_BLOCKING 0x1, 0x80", bar_red) + 1)
+    pub = find(rf"SYNCS\.ARRIVE.*\+{_RN72_WAITS['pfull']:#x}\]", step_end)
+    o_dep = find(depbar, pub)
+    w0_end = next(i for i in range(o_dep, len(src)) if 0 < executed[i] < executed[o_dep] // 10)
+    sections = [
+        ("wg1", "wait for P (wg0's publish)", w1, w1_mma),
+        ("wg1", "O^T blocks 2-7: issue", w1_mma, w1_dep),
+        ("wg1", "O^T blocks 2-7: wait", w1_dep, w1_dep + 1),
+        ("wg1", "release, refill, loop", w1_dep + 1, w1_end),
+        ("wg0", "wait for the tile's boxes (value, rope)", w0, s_mma),
+        ("wg0", "S^T: issue (36 wgmma)", s_mma, s_dep),
+        ("wg0", "S^T: wait", s_dep, s_dep + 1),
+        ("wg0", "P free, scale, mask, OR over the warpgroup", s_dep + 1, bar_red + 2),
+        ("wg0", "the full max step (tiles that move a shift)", bar_red + 2, step_end + 1),
+        ("wg0", "exponentials, P stores, publish", step_end + 1, pub + 1),
+        ("wg0", "O^T blocks 0-1: issue and wait", pub + 1, o_dep + 1),
+        ("wg0", "refill, loop", o_dep + 1, w0_end),
+    ]
+    per_wg = {wg: sum(sum(samples[a:b]) for w, _, a, b in sections if w == wg) for wg in ("wg0", "wg1")}
+    guarded = sum(bool(re.match(r"BSSY", src[i])) for i in range(s_dep, bar_red))
+    out = [f"From `{path}` ({total} warp-stall samples; tile loops: warpgroup 0 {per_wg['wg0']}, warpgroup 1 "
+           f"{per_wg['wg1']}; {executed[s_dep]} S^T waits executed):", "",
+           "| warpgroup | section | samples | share of the warpgroup's loop |", "|---|---|---|---|"]
+    for wg, name, a, b in sections:
+        n = sum(samples[a:b])
+        out.append(f"| {wg} | {name} | {n} | {n / per_wg[wg]:.3f} |")
+    bssy = sum(samples[i] for i in range(s_dep, bar_red) if re.match(r"BS(SY|YNC)", src[i]))
+    out += ["", f"Between S^T's wait and the OR: {guarded} guarded regions (BSSY) in the SASS, their BSSY / BSYNC "
+            f"lines {bssy} samples ({bssy / per_wg['wg0']:.3f} of warpgroup 0's loop)."]
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
     kinds = {"verify-grid": verify_grid, "grid-waves": grid_waves, "trace-ends": trace_ends, "moe": moe,
              "ncu-kernels": ncu_kernels, "counters": counters, "moe-ab": ab, "attention-ab": ab, "moe-trace": moe_trace,
@@ -888,7 +964,7 @@ if __name__ == "__main__":
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
              "moe-read": moe_read,
-             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit}
+             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "rn72-stalls": rn72_stalls}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
     n = len(sys.argv) - 3

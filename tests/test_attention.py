@@ -524,7 +524,9 @@ def test_launch_plan_tma_kernels(impl):
 
 
 @pytest.mark.parametrize("name, defines", [("verify_attention_wgmma", ()), ("verify_attention_rows_n", ()),
-                                           ("verify_attention_tma", ()), ("verify_attention_pair", ())]
+                                           ("verify_attention_tma", ()), ("verify_attention_pair", ()),
+                                           ("verify_attention_rows_n72", ()),
+                                           ("verify_attention_rows_n72", ("-DATT_TRACE=1",))]
                          + [("wgmma_probe", (f"-DPROBE_MODE={m}",)) for m in range(6)]
                          + [("wgmma_probe", (f"-DPROBE_MODE={m}", f"-DPROBE_N={n}")) for m in (6, 7)
                             for n in (8, 16, 32, 64, 72)])
