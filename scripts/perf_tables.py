@@ -110,7 +110,7 @@ rn72-stalls: Nsight Compute's source page of the rn72 kernel (``--page source --
 with its warp-stall samples, as ``scripts/ncu_attention_stalls.sh`` saves it): warpgroup 0's and
 warpgroup 1's samples per section of the tile loop, found by the loop's SASS landmarks (its
 mbarrier waits by offset, the wgmma runs and waits, the warpgroup's OR, the P publish), and the
-guarded regions (BSSY / BSYNC) between S^T's wait and the OR.
+guarded regions (BSSY / BSYNC) between S^T's wait and the OR that every tile enters.
 
 mode-probe: ``scripts/mode_probe.py``'s CSV: per shape and configuration the per-call times, split
 by the SM clock read beside each call, and the calls held down by the power cap.
@@ -943,7 +943,8 @@ def rn72_stalls(path: str) -> str:
         ("wg0", "refill, loop", o_dep + 1, w0_end),
     ]
     per_wg = {wg: sum(sum(samples[a:b]) for w, _, a, b in sections if w == wg) for wg in ("wg0", "wg1")}
-    guarded = sum(bool(re.match(r"BSSY", src[i])) for i in range(s_dep, bar_red))
+    # guarded regions entered on every tile (a BSSY executed as often as S^T's wait), not only on edge tiles
+    guarded = sum(bool(re.match(r"BSSY", src[i])) and executed[i] >= executed[s_dep] for i in range(s_dep, bar_red))
     out = [f"From `{path}` ({total} warp-stall samples; tile loops: warpgroup 0 {per_wg['wg0']}, warpgroup 1 "
            f"{per_wg['wg1']}; {executed[s_dep]} S^T waits executed):", "",
            "| warpgroup | section | samples | share of the warpgroup's loop |", "|---|---|---|---|"]
@@ -951,8 +952,8 @@ def rn72_stalls(path: str) -> str:
         n = sum(samples[a:b])
         out.append(f"| {wg} | {name} | {n} | {n / per_wg[wg]:.3f} |")
     bssy = sum(samples[i] for i in range(s_dep, bar_red) if re.match(r"BS(SY|YNC)", src[i]))
-    out += ["", f"Between S^T's wait and the OR: {guarded} guarded regions (BSSY) in the SASS, their BSSY / BSYNC "
-            f"lines {bssy} samples ({bssy / per_wg['wg0']:.3f} of warpgroup 0's loop)."]
+    out += ["", f"Between S^T's wait and the OR: {guarded} guarded regions (BSSY) entered on every tile; the BSSY / "
+            f"BSYNC lines there {bssy} samples ({bssy / per_wg['wg0']:.3f} of warpgroup 0's loop)."]
     return "\n".join(out)
 
 
