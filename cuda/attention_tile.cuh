@@ -191,7 +191,7 @@ __device__ __forceinline__ att_u64 att_visible_bits(int base, int p, int hi, con
 // log2 domain and mask keys past each row's end or invisible tree rows. The edge test stays
 // outside the row loop: inside it, ptxas kept one guarded region (a BSSY / BSYNC pair) per row
 // pair on every tile, masked or not, about 1500 of rn72's 6800-cycle tile on an H100 (Nsight
-// Compute's samples, docs/perf_log.md, session 36), the trap att_visible_bits records below.
+// Compute's samples, docs/perf_log.md, session 36), the trap att_visible_bits records above.
 template <int NJ>
 __device__ __forceinline__ void rows_n_scale_mask(float* s, const FusedBlock& k, int T, int r0, int wq, int gid,
                                                   int tig, const long long* vis, int N, int H, int W,
