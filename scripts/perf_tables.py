@@ -903,11 +903,14 @@ def rn72_stalls(path: str) -> str:
     executed = d["Instructions Executed"].fillna(0).astype(int).tolist()
     total = sum(samples)
 
-    def find(pattern, start, stop=len(src)):
-        for i in range(start, stop):
+    def find(pattern, start):
+        for i in range(start, len(src)):
             if re.search(pattern, src[i]):
                 return i
         raise SystemExit(f"{path}: no SASS line matches {pattern!r} after line {start}")
+
+    def loop_end(last_wait):  # the first line after a loop's last wait that runs about once a block, not a tile
+        return next(i for i in range(last_wait, len(src)) if 0 < executed[i] < executed[last_wait] // 10)
 
     def wait(name):
         return rf"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT .*\+{_RN72_WAITS[name]:#x}\]"
@@ -917,8 +920,7 @@ def rn72_stalls(path: str) -> str:
     w1 = find(wait("pfull"), 0)
     w1_mma = find(r"HGMMA", w1)
     w1_dep = find(depbar, w1_mma)
-    # A loop ends at the first line after its last wait that runs about once a block, not once a tile.
-    w1_end = next(i for i in range(w1_dep, len(src)) if 0 < executed[i] < executed[w1_dep] // 10)
+    w1_end = loop_end(w1_dep)
     # Warpgroup 0's loop.
     w0 = find(wait("hi"), w1_end)
     s_mma = find(r"HGMMA", find(wait("rope"), w0))
@@ -927,7 +929,7 @@ def rn72_stalls(path: str) -> str:
     step_end = find(r"BAR\.SYNC\.DEFER_BLOCKING 0x1, 0x80", find(r"BAR\.SYNC\.DEFER_BLOCKING 0x1, 0x80", bar_red) + 1)
     pub = find(rf"SYNCS\.ARRIVE.*\+{_RN72_WAITS['pfull']:#x}\]", step_end)
     o_dep = find(depbar, pub)
-    w0_end = next(i for i in range(o_dep, len(src)) if 0 < executed[i] < executed[o_dep] // 10)
+    w0_end = loop_end(o_dep)
     sections = [
         ("wg1", "wait for P (wg0's publish)", w1, w1_mma),
         ("wg1", "O^T blocks 2-7: issue", w1_mma, w1_dep),
