@@ -212,6 +212,31 @@ __device__ __forceinline__ void rows_n_scale_mask(float* s, const FusedBlock& k,
   }
 }
 
+// P, the exponentials of a rows_n tile (s in rows_n_scale_mask's layout), as bf16 into the K-major
+// P tile of `rows` rows: block row r0 + 8 j + 2 tig + c, token 16 wq + gid + 8 e. A thread's pair
+// s[4 j + 2 e + {0, 1}] is its fragment row of the m8n8 matrix (j, e) (8 tokens x 8 block rows),
+// and stmatrix .trans writes that matrix as 8 block rows of 8 tokens, 16 bytes each: the tile's
+// K-major chunks. One x4 instruction stores two j of a warp, where st.shared.b16 took one
+// instruction per value and thread (36 for rn72's 72 rows, 0.12 of warpgroup 0's tile loop with
+// the exponentials on an H100, docs/perf_log.md, session 36). r0 is a multiple of 8.
+template <int NJ>
+__device__ __forceinline__ void rows_n_store_p(const float* s, att_u32 sP, int r0, int rows, int wq, int lane) {
+  const int q = lane >> 3, r = lane & 7;  // lane names row r of matrix q: (j + q / 2, e = q % 2) for an x4
+#pragma unroll
+  for (int j = 0; j + 1 < NJ; j += 2) {
+    const att_u32 a = sP + fused_off(r0 + 8 * (j + (q >> 1)) + r, 2 * wq + (q & 1), rows);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a),
+                 "r"(att_pack_bf16x2(s[4 * j], s[4 * j + 1])), "r"(att_pack_bf16x2(s[4 * j + 2], s[4 * j + 3])),
+                 "r"(att_pack_bf16x2(s[4 * j + 4], s[4 * j + 5])), "r"(att_pack_bf16x2(s[4 * j + 6], s[4 * j + 7])));
+  }
+  if constexpr (NJ % 2 == 1) {  // the last j alone: lanes 0-15 address its two matrices
+    constexpr int j = NJ - 1;
+    const att_u32 a = sP + fused_off(r0 + 8 * j + r, 2 * wq + (q & 1), rows);
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(a),
+                 "r"(att_pack_bf16x2(s[4 * j], s[4 * j + 1])), "r"(att_pack_bf16x2(s[4 * j + 2], s[4 * j + 3])));
+  }
+}
+
 // S of this thread's rows r_lo / r_hi = r_lo + 8 over KV columns col0 + 8 nt + 2 tig + {0, 1}
 // of tile T (NT n8 tiles in the mma / wgmma accumulator layout): scale to the log2 domain, mask
 // keys past each row's end or invisible tree rows (only on tiles that reach them: a warp-uniform

@@ -90,15 +90,7 @@ __device__ __forceinline__ void rn_tile(float* o, float* m, float* l, att_u32 sK
     p1 = att_exp2(p1 - mu);
     l[ci] = l[ci] * alpha[ci] + (p0 + p1);
   }
-  // P as bf16 into the P tile, K-major: row (block row) r0 + column, tokens along K.
-#pragma unroll
-  for (int i = 0; i < NW / 2; ++i) {
-    const int row = w.r0 + 8 * (i >> 2) + 2 * w.tig + (i & 1), tok = 16 * w.wq + w.gid + 8 * ((i >> 1) & 1);
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(s[i]));
-    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(w.sP + fused_off(row, tok >> 3, FUSED_BM) + 2 * (tok & 7)),
-                 "h"(h));
-  }
+  rows_n_store_p<NJ>(s, w.sP, w.r0, FUSED_BM, w.wq, 4 * w.gid + w.tig);  // P, K-major
 #pragma unroll
   for (int i = 0; i < 8; ++i)
 #pragma unroll

@@ -233,15 +233,7 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
       p1 = att_exp2(p1 - mu);
       l[ci] += p0 + p1;
     }
-    // P as bf16, K-major: row (block row) = the column, tokens along K.
-#pragma unroll
-    for (int e = 0; e < 36; ++e) {
-      const int row = 8 * (e >> 2) + 2 * tig + (e & 1), tok = 16 * wq + gid + 8 * ((e >> 1) & 1);
-      unsigned short h;
-      asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(s[e]));
-      asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(sP + fused_off(row, tok >> 3, RN72_ROWS) + 2 * (tok & 7)),
-                   "h"(h));
-    }
+    rows_n_store_p<9>(s, sP, 0, RN72_ROWS, wq, 4 * gid + tig);  // P as bf16, K-major
     att_fence_proxy_async();
     mb_arrive(bar + 8 * RN72_PFULL);
     att_trace_rec(tr, ATT_EV_PUB, i);
