@@ -30,7 +30,6 @@
 #include "attention_tile.cuh"
 #include "attention_trace.cuh"
 #include "attention_wgmma.cuh"
-#include "pdl.cuh"
 
 #define RN72_ROWS 72
 #define RN72_BOX (FUSED_BN * 128)                 // one 64-token x 64-column box (8 KB)
@@ -353,7 +352,6 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
     mb_init_fence();
     tma_prefetch_map(map);
   }
-  pdl_launch_dependents();  // a split's combine may launch once every block runs (it waits for the end)
   __syncthreads();
   const int n_tiles = k.kt1 - k.kt0;
   if (tid == 0 && n_tiles > 0) {
