@@ -83,12 +83,17 @@ _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 # value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
 _RN72_ROWS = 72
 # A fused launch that names no kernel nor layout runs rn72 where its 72-row blocks compute at most
-# this share of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128) in at most this
-# many KV splits. On an H100 (scripts/rows_n72_ab.py, docs/perf_log.md, session 32) rn72 took
-# 0.84-1.00x pair's time at B = 64, N = 9, H = 8 (two splits), but 1.07-1.10x at B = 64 where it
-# saves only a quarter of the rows (N = 17, H = 8 and N = 9, H = 16 at P >= 16384) and 1.03-1.73x
-# with 4 to 29 splits (B = 1 and 8).
-_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS = 0.6, 2
+# _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128), in at
+# most _RN72_MAX_SPLITS KV splits, or in more where the split launch fills one wave of the SMs (at
+# least _RN72_MIN_FILL of it, one block an SM) with at least _RN72_MIN_TILES KV tiles a block: a
+# block's fixed cost (Q loaded behind its first tiles, the first tile's max step, the epilogue:
+# about 12 us on an H100) must be spread over enough tiles. H100 (scripts/rows_n72_ab.py, each
+# shape's two kernels alternating; docs/perf_log.md, sessions 32 and 38): rn72 over pair
+# 0.84-1.00x at B = 64, N = 9, H = 8 (two splits); 0.94x and 0.89x at B = 8, P = 16384 and 32768
+# (16 splits, 128 blocks, 16 and 32 tiles a block); 1.22x at B = 8, P = 4096 (13 splits, 5 tiles a
+# block) and 1.27-1.63x at B = 1 (22-31 blocks); 1.07-1.10x at B = 64 where it saves only a
+# quarter of the rows (N = 17, H = 8 and N = 9, H = 16 at P >= 16384).
+_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_TILES = 0.6, 2, 0.9, 16
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
@@ -558,7 +563,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         ``tma`` (rows_m only), ``rn72`` (rows_n only), ``wgmma`` or ``mma``. Default: ``wgmma``
         for the rows_n layout; else, for ``fused``, ``rn72`` where its 72-row blocks compute at
         most ``_RN72_MAX_ROW_SHARE`` of the rows 64-row tiles would in at most
-        ``_RN72_MAX_SPLITS`` splits (and no layout is forced), otherwise the rows_m kernel
+        ``_RN72_MAX_SPLITS`` splits, or in more that fill one wave (at least ``_RN72_MIN_FILL``) with at
+        least ``_RN72_MIN_TILES`` KV tiles a block (and no layout is forced), otherwise the rows_m kernel
         ``sm90_impl`` picks for the launch (``pair`` or ``tma_seq``); ``SM90_IMPL`` for
         ``cascade``.
     splits : int, optional
@@ -600,7 +606,9 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     if by_launch and layout_forced is None:  # rn72 where 72-row blocks save enough padded rows
         t72 = -(-rows // _RN72_ROWS)
         s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows)
-        if t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile and s72 <= _RN72_MAX_SPLITS:
+        fills = (_RN72_MIN_FILL * num_sms <= t72 * batch * s72 <= num_sms
+                 and -(-kv // _FUSED_BN) >= _RN72_MIN_TILES * s72)
+        if t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile and (s72 <= _RN72_MAX_SPLITS or fills):
             by_launch, impl, layout, tile, s = False, "rn72", "rows_n", _RN72_ROWS, s72
     if by_launch:
         impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
