@@ -102,26 +102,39 @@ __device__ __forceinline__ void rn72_pv(float* o, att_u32 sVst, att_u32 sP, int 
 
 // The end of both warpgroups: out (or the split's partials) of the block's real rows from this
 // warpgroup's O^T blocks [vb0, vb0 + NB), each row scaled by 1 / its sum (inv, in shared memory).
+// O^T's accumulator has P's layout (value dims for tokens), so rows_n_store_p writes each 64-value
+// block into sO as 72 rows of 128 bytes (swizzled); then the warpgroup copies whole 16-byte chunks,
+// consecutive threads along a row. Scalar bf16 stores of the fragments took 216 a thread in
+// warpgroup 1, 3.3 us of a block's end (docs/perf_log.md, session 38). sO: the value stages, free
+// once both warpgroups' last O^T is done (no load is in flight past the last tile).
 template <int NB>
-__device__ __forceinline__ void rn72_store(const float* o, const float* inv_s, const FusedBlock& k, int rows, int vb0,
-                                           int wq, int gid, int tig, att_bf16* __restrict__ out,
-                                           att_bf16* __restrict__ o_part, int B, int slot0) {
+__device__ __forceinline__ void rn72_store(float* o, const float* inv_s, const FusedBlock& k, int rows, int vb0,
+                                           att_u32 sO, int bar_id, int wtid, int wq, int gid, int tig,
+                                           att_bf16* __restrict__ out, att_bf16* __restrict__ o_part, int B,
+                                           int slot0) {
 #pragma unroll
   for (int ci = 0; ci < 18; ++ci) {
-    const int r = rn72_col(ci, tig);
-    if (r >= rows) continue;
-    const float inv = inv_s[r];
-    const size_t g = (size_t)k.b * k.NH + k.g0 + r;
-    att_bf16* dst = o_part != nullptr ? o_part + ((size_t)(slot0 + k.split) * B * k.NH + g) * ATT_D_V : out + g * ATT_D_V;
+    const float inv = inv_s[rn72_col(ci, tig)];
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
+    for (int b = 0; b < NB; ++b) {
+      o[b * 36 + 4 * (ci >> 1) + (ci & 1)] *= inv;
+      o[b * 36 + 4 * (ci >> 1) + 2 + (ci & 1)] *= inv;
+    }
+  }
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int v = 64 * (vb0 + b) + 16 * wq + gid + 8 * e;
-        unsigned short h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(o[b * 36 + 4 * (ci >> 1) + 2 * e + (ci & 1)] * inv));
-        dst[v] = h;
-      }
+  for (int b = 0; b < NB; ++b) rows_n_store_p<9>(o + b * 36, sO + b * RN72_QBOX, 0, RN72_ROWS, wq, 4 * gid + tig);
+  nb_sync(bar_id, 128);
+  att_bf16* dst = o_part != nullptr ? o_part + ((size_t)(slot0 + k.split) * B * k.NH + (size_t)k.b * k.NH + k.g0) * ATT_D_V
+                                    : out + ((size_t)k.b * k.NH + k.g0) * ATT_D_V;
+  for (int i = wtid; i < rows * NB * 8; i += 128) {
+    const int r = i / (NB * 8), b = (i >> 3) % NB, c = i & 7;
+    att_u32 x, y, z, w;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(x), "=r"(y), "=r"(z), "=r"(w)
+                 : "r"(sO + b * RN72_QBOX + fused_off(r, c, RN72_ROWS)));
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + (size_t)r * ATT_D_V + 64 * (vb0 + b) + 8 * c),
+                 "r"(x), "r"(y), "r"(z), "r"(w)
+                 : "memory");
   }
 }
 
@@ -256,25 +269,24 @@ __device__ __forceinline__ void rn72_wg0(const AttTensorMap* map, att_u32 sQ, at
   // too: with named barriers of both warpgroups, racecheck reported the 1 / sum slots.)
   if (n_tiles > 0) mb_wait(bar + 8 * RN72_PEMPTY, (n_tiles - 1) & 1);
   att_trace_rec(tr, ATT_EV_EPI_SYNC, -1);
+  // Each row's sum over the 4 warps' partials, and its shift (the same in every warp): one row a
+  // thread of the first 72 (4 threads looping over 18 rows each took 2 us, session 38).
 #pragma unroll
   for (int ci = 0; ci < 18; ++ci) {
 #pragma unroll
     for (int off = 4; off <= 16; off <<= 1) l[ci] += __shfl_xor_sync(0xffffffffu, l[ci], off);
     if (gid == 0) red[wq * RN72_ROWS + rn72_col(ci, tig)] = l[ci];
+    if (gid == 0 && wq == 0) red[4 * RN72_ROWS + rn72_col(ci, tig)] = m[ci];
   }
   nb_sync(1, 128);
-  if (wq == 0 && gid == 0) {
-#pragma unroll
-    for (int ci = 0; ci < 18; ++ci) {
-      const int col = rn72_col(ci, tig);
-      const float sum = (red[col] + red[RN72_ROWS + col]) + (red[2 * RN72_ROWS + col] + red[3 * RN72_ROWS + col]);
-      sAlpha[col] = sum > 0.f ? 1.f / sum : 0.f;
-      if (col < rows) fused_write_lse(lse, lse_part, o_part != nullptr, k, B, slot0, col, m[ci], sum);
-    }
+  if (tid < RN72_ROWS) {
+    const float sum = (red[tid] + red[RN72_ROWS + tid]) + (red[2 * RN72_ROWS + tid] + red[3 * RN72_ROWS + tid]);
+    sAlpha[tid] = sum > 0.f ? 1.f / sum : 0.f;
+    if (tid < rows) fused_write_lse(lse, lse_part, o_part != nullptr, k, B, slot0, tid, red[4 * RN72_ROWS + tid], sum);
   }
   mb_arrive(bar + 8 * RN72_INV);  // 1 / sum published
   nb_sync(1, 128);
-  rn72_store<RN72_NB0>(o, sAlpha, k, rows, 0, wq, gid, tig, out, o_part, B, slot0);
+  rn72_store<RN72_NB0>(o, sAlpha, k, rows, 0, sV, 1, tid, wq, gid, tig, out, o_part, B, slot0);
   att_trace_rec(tr, ATT_EV_O_STORED, -1);
 }
 
@@ -317,7 +329,8 @@ __device__ __forceinline__ void rn72_wg1(const AttTensorMap* map, att_u32 sV, at
   }
   mb_wait(bar + 8 * RN72_INV, 0);  // 1 / sum published
   att_trace_rec(tr, ATT_EV_EPI_SYNC, -1);
-  rn72_store<NB>(o, sAlpha, k, rows, RN72_NB0, wq, gid, tig, out, o_part, B, slot0);
+  rn72_store<NB>(o, sAlpha, k, rows, RN72_NB0, sV + RN72_NB0 * RN72_QBOX, 2, tid - 128, wq, gid, tig, out, o_part,
+                 B, slot0);
   att_trace_rec(tr, ATT_EV_O_STORED, -1);
 }
 
@@ -331,7 +344,7 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
   const att_u32 base = att_smem_addr(smem);
   if (base & 1023u) __trap();  // the 128-byte swizzle needs 1024-aligned tiles, and there is no slack
   const att_u32 sQ = base, sV = base + RN72_OFF_V, sR = base + RN72_OFF_R, sP = base + RN72_OFF_P;
-  float* red = reinterpret_cast<float*>(smem + RN72_OFF_P);     // [4 warps][72], before P is written
+  float* red = reinterpret_cast<float*>(smem + RN72_OFF_P);     // [5][72] (4 warps, then shifts), while P is free
   float* sAlpha = reinterpret_cast<float*>(smem + RN72_OFF_A);  // [2][72]
   int* sRescale = reinterpret_cast<int*>(smem + RN72_OFF_FLAG);   // [2]
   const att_u32 bar = base + RN72_OFF_BAR;
