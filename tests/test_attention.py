@@ -395,11 +395,11 @@ def test_launch_plan_layout(layout, heads, nodes, batch, rows_n_tile_rows):
 
 def test_launch_plan_picks_rn72_where_it_computes_fewer_rows():
     """A fused launch that names no kernel nor layout runs rn72 where 72-row blocks compute at most
-    0.6 of 64-row tiles' rows, in one or two splits or in more that fill 0.9 to 1 of a wave with at
-    least 16 KV tiles a block: of these shapes, H = 8 with N = 9 (72 rows against 128) at B = 64,
-    and at B = 4, 8 and 16 at the longer prefixes only; not N = 17 (144 against 192), never at
-    H = 64 (its rows fill 64-row tiles), never at B = 1 (too few blocks), never when a kernel or a
-    layout is named."""
+    0.6 of 64-row tiles' rows, in one or two splits or in more that fill 0.6 to 1 of a wave with at
+    least 8 KV tiles a block: of these shapes, H = 8 with N = 9 (72 rows against 128) at B = 64,
+    and at B = 4, 8 and 16 where the prefix gives each block enough tiles; not N = 17 (144 against
+    192), never at H = 64 (its rows fill 64-row tiles), never at B = 1 (too few blocks), never when
+    a kernel or a layout is named."""
     picked = set()
     for B in (1, 4, 8, 16, 64):
         for H in (8, 16, 32, 64):
@@ -409,10 +409,11 @@ def test_launch_plan_picks_rn72_where_it_computes_fewer_rows():
                     if p.impl == "rn72":
                         assert (p.layout, p.tile_rows) == ("rows_n", 72)
                         blocks = B * p.splits
-                        assert p.splits <= 2 or (0.9 * 132 <= blocks <= 132 and -(-(P + N) // 64) >= 16 * p.splits)
+                        assert p.splits <= 2 or (0.6 * 132 <= blocks <= 132 and -(-(P + N) // 64) >= 8 * p.splits)
                         picked.add((B, N, H, P))
     assert {(b, n, h) for b, n, h, _ in picked} == {(4, 9, 8), (8, 9, 8), (16, 9, 8), (64, 9, 8)}
-    assert (8, 9, 8, 16384) in picked and (8, 9, 8, 4096) not in picked and (4, 9, 8, 4096) not in picked
+    assert {(4, 9, 8, 16384), (8, 9, 8, 16384), (16, 9, 8, 4096)} <= picked
+    assert (8, 9, 8, 4096) not in picked and (4, 9, 8, 4096) not in picked
     kw = dict(batch=64, nodes=9, heads=8, kv_rows=16384 + 9, num_sms=132)
     assert launch_plan("fused", **kw).splits == 2
     assert launch_plan("fused", layout="rows_m", **kw).impl == SM90_IMPL
@@ -424,7 +425,8 @@ def test_launch_plan_picks_rn72_where_it_computes_fewer_rows():
     assert launch_plan("fused", **b8).impl == "rn72" and launch_plan("fused", splits=8, **b8).impl != "rn72"
 
 
-@pytest.mark.parametrize("run", ["rn72_rule_9b1b4a4", "rn72_b1_b8_171663f"])
+@pytest.mark.parametrize("run", ["rn72_rule_9b1b4a4", "rn72_b1_b8_171663f", "rn72_rule_7d19f49",
+                                 "rn72_rule_p4096_7d19f49"])
 def test_rn72_is_picked_only_where_it_was_timed_faster_than_pair(run):
     """In the committed H100 timings of rn72 against pair (each shape's two kernels alternating),
     every shape launch_plan gives rn72 ran it faster than pair, and every shape where rn72 was
@@ -434,7 +436,7 @@ def test_rn72_is_picked_only_where_it_was_timed_faster_than_pair(run):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     d = pd.read_csv(os.path.join(root, "results", "verify_attention_dev_h100", run, "dev.csv"))
     us = d.pivot_table(index=["B", "N", "H", "P"], columns="config", values="us")
-    assert len(us) >= 6 and us.notna().all().all()
+    assert len(us) >= 5 and us.notna().all().all()
     ratio = us["fused_rn72"] / us["fused_pair"]
     picked = {k: launch_plan("fused", batch=k[0], nodes=k[1], heads=k[2], kv_rows=k[3] + k[1], num_sms=132).impl
               for k in us.index}
