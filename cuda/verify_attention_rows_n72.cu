@@ -124,8 +124,9 @@ __device__ __forceinline__ void rn72_store(float* o, const float* inv_s, const F
 #pragma unroll
   for (int b = 0; b < NB; ++b) rows_n_store_p<9>(o + b * 36, sO + b * RN72_QBOX, 0, RN72_ROWS, wq, 4 * gid + tig);
   nb_sync(bar_id, 128);
-  att_bf16* dst = o_part != nullptr ? o_part + ((size_t)(slot0 + k.split) * B * k.NH + (size_t)k.b * k.NH + k.g0) * ATT_D_V
-                                    : out + ((size_t)k.b * k.NH + k.g0) * ATT_D_V;
+  const size_t g0 = (size_t)k.b * k.NH + k.g0;  // the block's first row
+  att_bf16* dst = o_part != nullptr ? o_part + ((size_t)(slot0 + k.split) * B * k.NH + g0) * ATT_D_V
+                                    : out + g0 * ATT_D_V;
   for (int i = wtid; i < rows * NB * 8; i += 128) {
     const int r = i / (NB * 8), b = (i >> 3) % NB, c = i & 7;
     att_u32 x, y, z, w;

@@ -87,7 +87,7 @@ _RN72_ROWS = 72
 # most _RN72_MAX_SPLITS KV splits, or in more where the split launch fills at least _RN72_MIN_FILL
 # of one wave of the SMs (one block an SM, no second wave) with at least _RN72_MIN_TILES KV tiles
 # a block: a block's fixed cost (Q loaded behind its first tiles, the first tile's max step, the
-# end: about 9 us on an H100) must be spread over enough tiles and blocks. H100, rn72 with its
+# end; traced in docs/perf_log.md, session 38) must be spread over enough tiles and blocks. H100, rn72 with its
 # staged end (scripts/rows_n72_ab.py, each shape's two kernels alternating; docs/perf_log.md,
 # session 38), rn72 over pair at N = 9, H = 8: 0.82-0.87x at B = 4, 8 and 16 with P >= 16384 (8 to
 # 31 splits, 116-128 blocks, 8.9-64 tiles a block), 0.93x at B = 16, P = 4096 (8 tiles), 0.91x at
