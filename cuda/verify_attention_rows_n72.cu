@@ -368,15 +368,10 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
   }
   __syncthreads();
   const int n_tiles = k.kt1 - k.kt0;
-  if (tid == 0 && n_tiles > 0) {
-    for (int i = 0; i < 2 && i < n_tiles; ++i) {
-      const int row0 = row_base + (k.kt0 + i) * FUSED_BN;
-      rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_HI + i), i, RN72_NB0, 8, row0);
-      rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_LO + i), i, 0, RN72_NB0, row0);
-    }
-    rn72_load_rope(map, sR, bar + 8 * RN72_FULL_R, row_base + k.kt0 * FUSED_BN);
-  }
-  // Q: the block's rows (rows past the sequence's N H zero-filled), K-major, 128-byte swizzle.
+  // Q first (the block's rows, rows past the sequence's N H zero-filled; K-major, 128-byte
+  // swizzle), then KV tiles 0 and 1: S^T of tile 0 needs all of Q, and with every block of a
+  // launch loading at once, a Q queued behind both tiles' 147 KB held S^T of tile 0 until tile 1
+  // had landed too, and tile 2's load (which waits for tile 0's P V) later still.
   if (n_tiles > 0) {
     const att_bf16* qb = q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK;
     for (int i = tid; i < RN72_ROWS * QK_CHUNKS; i += FUSED_THREADS) {
@@ -385,6 +380,16 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
       att_cp_async16(sQ + fused_off(r, c, RN72_ROWS), ok ? qb + (size_t)r * ATT_D_QK + c * 8 : qb, ok ? 16 : 0);
     }
     att_cp_async_commit();
+  }
+  if (tid == 0 && n_tiles > 0) {
+    for (int i = 0; i < 2 && i < n_tiles; ++i) {
+      const int row0 = row_base + (k.kt0 + i) * FUSED_BN;
+      rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_HI + i), i, RN72_NB0, 8, row0);
+      rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_LO + i), i, 0, RN72_NB0, row0);
+    }
+    rn72_load_rope(map, sR, bar + 8 * RN72_FULL_R, row_base + k.kt0 * FUSED_BN);
+  }
+  if (n_tiles > 0) {
     att_cp_async_wait_all();
     att_fence_proxy_async();
   }
