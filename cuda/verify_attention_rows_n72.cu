@@ -76,6 +76,12 @@ __device__ __forceinline__ void rn72_load_boxes(const AttTensorMap* map, att_u32
   for (int b = b0; b < b1; ++b) tma_load_2d(sV + st * RN72_SMEM_V + b * RN72_BOX, map, bar, 64 * b, row0);
 }
 
+// Issue every value box of the tile at kv map row row0 into stage st, in the two groups (one thread).
+__device__ __forceinline__ void rn72_load_tile(const AttTensorMap* map, att_u32 sV, att_u32 bar, int st, int row0) {
+  rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_HI + st), st, RN72_NB0, 8, row0);
+  rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_LO + st), st, 0, RN72_NB0, row0);
+}
+
 __device__ __forceinline__ void rn72_load_rope(const AttTensorMap* map, att_u32 sR, att_u32 bar, int row0) {
   mb_arrive_expect_tx(bar, RN72_BOX);
   tma_load_2d(sR, map, bar, 512, row0);
@@ -369,9 +375,9 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
   __syncthreads();
   const int n_tiles = k.kt1 - k.kt0;
   // Q first (the block's rows, rows past the sequence's N H zero-filled; K-major, 128-byte
-  // swizzle), then KV tiles 0 and 1: S^T of tile 0 needs all of Q, and with every block of a
-  // launch loading at once, a Q queued behind both tiles' 147 KB held S^T of tile 0 until tile 1
-  // had landed too, and tile 2's load (which waits for tile 0's P V) later still.
+  // swizzle), then KV tile 0: S^T of tile 0 needs all of Q, and with every block of a launch
+  // loading at once, a Q queued behind the first tiles' boxes held S^T of tile 0 until they had
+  // all landed.
   if (n_tiles > 0) {
     const att_bf16* qb = q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK;
     for (int i = tid; i < RN72_ROWS * QK_CHUNKS; i += FUSED_THREADS) {
@@ -382,16 +388,19 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
     att_cp_async_commit();
   }
   if (tid == 0 && n_tiles > 0) {
-    for (int i = 0; i < 2 && i < n_tiles; ++i) {
-      const int row0 = row_base + (k.kt0 + i) * FUSED_BN;
-      rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_HI + i), i, RN72_NB0, 8, row0);
-      rn72_load_boxes(map, sV, bar + 8 * (RN72_FULL_LO + i), i, 0, RN72_NB0, row0);
-    }
+    rn72_load_tile(map, sV, bar, 0, row_base + k.kt0 * FUSED_BN);
     rn72_load_rope(map, sR, bar + 8 * RN72_FULL_R, row_base + k.kt0 * FUSED_BN);
   }
   if (n_tiles > 0) {
     att_cp_async_wait_all();
     att_fence_proxy_async();
+  }
+  // Tile 1 only once tile 0 has landed: issued together, the launch's blocks all queued both tiles
+  // at once and tile 0 landed only with the whole burst (S^T of tile 0 waits for it anyway).
+  if (tid == 0 && n_tiles > 1) {
+    mb_wait(bar + 8 * RN72_FULL_HI, 0);
+    mb_wait(bar + 8 * RN72_FULL_LO, 0);
+    rn72_load_tile(map, sV, bar, 1, row_base + (k.kt0 + 1) * FUSED_BN);
   }
   __syncthreads();
   att_trace_stamp(tr, ATT_EV_START);
