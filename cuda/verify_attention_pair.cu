@@ -229,11 +229,12 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
   pdl_launch_dependents();  // a split's combine may launch once every block runs (it waits for the end)
   if (tid < FUSED_BM) sM[tid] = ATT_NEG_INF;
   __syncthreads();  // barriers initialised, sM set
-  if (tid == 0 && n > 0) {  // the Q tile's boxes first (S needs them all), then KV tile 0 (tile 1: below)
+  if (tid == 0 && n > 0) {  // the Q tile's boxes first (S needs them all), then KV tiles 0 and 1
     mb_arrive_expect_tx(sBar + 8 * PAIR_QFULL, FUSED_SMEM_Q);
     for (int b = 0; b < PAIR_BOXES; ++b)
       tma_load_2d(sQ + b * PAIR_BOX_BYTES, qmap, sBar + 8 * PAIR_QFULL, 64 * b, k.b * k.NH + k.g0);
     pair_load(map, sKV, sBar, row0, 0, 0, PAIR_BOXES);
+    if (n > 1) pair_load(map, sKV, sBar, row0, 1, 0, PAIR_BOXES);
   }
 
   const int r_lo = 16 * (warp & 3) + gid, r_hi = r_lo + 8;
@@ -331,12 +332,6 @@ __device__ __forceinline__ void pair_body(const AttTensorMap* map, const AttTens
       att_trace_rec(tr, ATT_EV_S_DONE, a + 2);
     }
   } else {
-    // KV tile 1 once tile 0 has landed: issued together, the launch's blocks all queued both tiles
-    // at once and tile 0 landed only with the whole burst (as in rn72, docs/perf_log.md session 39).
-    if (n > 1 && wtid == 0) {
-      for (int b = 0; b < PAIR_BOXES; ++b) mb_wait(pair_full(sBar, 0, b), 0);
-      pair_load(map, sKV, sBar, row0, 1, 0, PAIR_BOXES);
-    }
     if (n > 1) {
       pair_s_begin(sKV, sBar, k, 1, 1, wtid);
       pair_s_part<4, PAIR_BOXES, true, true>(s, qr, sQ, sKV, sBar, 1, tr);
