@@ -114,19 +114,20 @@ def time_config(variant, tree, pl, sets, out, splits=None, impl=None, layout=Non
 
 
 def time_configs(configs, tree, pl, sets, out, splits=None, layout=None, reps=15, max_calls=8):
-    """``time_config`` of several (variant, impl) pairs, their replays alternating
-    (``kdtree.bench.timing.time_graphs``): the timings to compare, in order."""
+    """``time_config`` of several (variant, impl) pairs, or (variant, impl, splits) triples (their
+    own split counts), their replays alternating (``kdtree.bench.timing.time_graphs``): the timings
+    to compare, in order."""
     n_sets = len(sets)
 
-    def caller(variant, impl):
+    def caller(variant, impl, s=splits):
         it = iter(range(1 << 30))
 
         def call():
             q, kv = sets[next(it) % n_sets]
-            run_config(variant, tree, pl, q, kv, out, splits, impl, layout)
+            run_config(variant, tree, pl, q, kv, out, s, impl, layout)
         return call
 
-    return time_graphs([caller(v, i) for v, i in configs], reps=reps,
+    return time_graphs([caller(*c) for c in configs], reps=reps,
                        calls_per_graph=n_sets * max(1, max_calls // n_sets), warmup=2 if reps > 5 else 1, l2="cold")
 
 

@@ -3,7 +3,7 @@
 At B = 1 a shard's sequence has one or two row tiles, so 32 splits leave half the SMs or more
 without a block. At each (B, N, H, P): fresh inputs (``attention_dev.input_sets``: cold L2), each
 (kernel, splits) configuration checked against float64 on the first and last sequence, then all
-timed by CUDA-graph replay with their replays alternating (``kdtree.bench.timing.time_graphs``).
+timed by CUDA-graph replay with their replays alternating (``attention_dev.time_configs``).
 A configuration is ``impl:splits`` (``auto`` for the kernel ``launch_plan`` picks at that count,
 ``plan`` for today's plan). One line a configuration; with a path, the rows as ``attention_dev.py``'s
 CSV.
@@ -15,9 +15,8 @@ import sys
 
 import torch
 
-from attention_dev import ceilings, check_config, cost, input_sets, references, run_config
+from attention_dev import ceilings, check_config, cost, input_sets, references, run_config, time_configs
 from kdtree.attention import D_V, _num_sms, launch_plan
-from kdtree.bench.timing import time_graphs
 
 SHAPES = [(1, 9, 8, 4096), (1, 9, 8, 16384), (1, 9, 8, 32768), (1, 17, 8, 16384), (1, 17, 8, 32768),
           (1, 9, 16, 32768)]
@@ -62,17 +61,7 @@ def main(path, *args) -> int:
                 ok = False
             else:
                 cfgs.append((label, impl, s))
-
-        def caller(impl, s):
-            it = iter(range(1 << 30))
-
-            def call():
-                q, kv = sets[next(it) % len(sets)]
-                run_config("fused", tree, pl, q, kv, out, s, impl)
-            return call
-
-        times = time_graphs([caller(i, s) for _, i, s in cfgs], reps=15,
-                            calls_per_graph=len(sets) * max(1, 8 // len(sets)), warmup=2, l2="cold")
+        times = time_configs([("fused", i, s) for _, i, s in cfgs], tree, pl, sets, out)
         base = times[0].median_us
         for (label, impl, s), t in zip(cfgs, times):
             plan = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=sms, impl=impl, splits=s)
