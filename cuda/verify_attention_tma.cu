@@ -75,7 +75,11 @@ __device__ __forceinline__ void tma_qk(float (&s)[8][4], att_u32 sQ, att_u32 sKV
   att_trace_rec(tr, ATT_EV_S_ISSUED, i);
 }
 
-// The producer thread: every tile of the split through the two-stage ring.
+// The producer thread: every tile of the split through the two-stage ring. Without EARLY, tile 1
+// only once tile 0 has landed: nothing reads it before tile 0's P V, and issued together, the
+// launch's blocks all queued both tiles at once, so tile 0 landed only with the whole burst (as in
+// rn72, docs/perf_log.md session 39).
+template <bool EARLY>
 __device__ __forceinline__ void tma_produce(const AttTensorMap* map, att_u32 sKV, att_u32 sBar, const FusedBlock& k,
                                            int S, int n, AttTrace& tr) {
   tma_prefetch_map(map);
@@ -84,6 +88,7 @@ __device__ __forceinline__ void tma_produce(const AttTensorMap* map, att_u32 sKV
   for (int i = 0; i < n; ++i) {
     const int st = i & 1;
     if (i >= 2) mb_wait(sBar + 8 * (TMA_EMPTY + st), ((i >> 1) - 1) & 1);  // tile i - 2 released
+    if (!EARLY && i == 1) mb_wait(sBar + 8 * TMA_FULL, 0);                  // tile 0 landed
     att_trace_rec(tr, ATT_EV_EMPTY_WAIT, i);
     const att_u32 full = sBar + 8 * (TMA_FULL + st), stage = sKV + st * FUSED_SMEM_KV;
     mb_arrive_expect_tx(full, FUSED_SMEM_KV);
@@ -147,7 +152,7 @@ __device__ __forceinline__ void tma_body(const AttTensorMap* map, const att_bf16
   if (wg == 2) {  // producer warpgroup
     regs_dec<TMA_PRODUCER_REGS>();
     AttTrace tr = att_trace_open(2 + (wtid >> 5), (wtid & 31) == 0 && wtid < 64);
-    if (wtid == 0) tma_produce(map, sKV, sBar, k, S, n, tr);
+    if (wtid == 0) tma_produce<EARLY>(map, sKV, sBar, k, S, n, tr);
 #if defined(ATT_TRACE)
     if (wtid == 32) tma_watch(sBar, n, tr);
 #endif
