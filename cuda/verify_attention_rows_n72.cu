@@ -374,10 +374,8 @@ __device__ __forceinline__ void rn72_body(const AttTensorMap* map, const att_bf1
   }
   __syncthreads();
   const int n_tiles = k.kt1 - k.kt0;
-  // Q first (the block's rows, rows past the sequence's N H zero-filled; K-major, 128-byte
-  // swizzle), then KV tile 0: S^T of tile 0 needs all of Q, and with every block of a launch
-  // loading at once, a Q queued behind the first tiles' boxes held S^T of tile 0 until they had
-  // all landed.
+  // Q (the block's rows, rows past the sequence's N H zero-filled; K-major, 128-byte swizzle),
+  // then KV tile 0 and its rope box; tile 1 below.
   if (n_tiles > 0) {
     const att_bf16* qb = q + ((size_t)k.b * k.NH + k.g0) * ATT_D_QK;
     for (int i = tid; i < RN72_ROWS * QK_CHUNKS; i += FUSED_THREADS) {
