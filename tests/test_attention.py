@@ -618,6 +618,8 @@ def _tma_run(n, early, seed, bug=None, tail=True):
             s = i & 1
             if i >= 2 and bug != "no_empty_wait":
                 yield from wait("empty", s, (i >> 1) - 1)
+            if i == 1 and not early:  # tma_seq: tile 1 once tile 0 has landed
+                yield from wait("full", 0, 0)
             assert not any(t & 1 == s for w in (0, 1) for _, t in inflight[w]), f"tile {i} overwrites a read stage"
             stage[s] = (i, False, False)
             bars[("full", s)].arrive(tx=9)
