@@ -297,7 +297,7 @@ def trace_ends(npz: str) -> str:
                     "both row sums in -> O stores issued": max(clocks("o_stored")) - max(clocks("epi_sync")),
                     "O stores issued -> end": max(clocks("end")) - max(clocks("o_stored"))}
         if clocks("entry"):  # (pair traces from 12ea8b5 on: the kernel's first instruction)
-            row = {"entry -> start (prologue, Q landed)": t0 - min(clocks("entry"))} | row | {
+            row = {"entry -> start (prologue: Q landed; rn72 from 35ed306: tile 0 too)": t0 - min(clocks("entry"))} | row | {
                 "entry -> end (the block's life)": max(clocks("end")) - min(clocks("entry"))}
         ends.append(row)
     if not ends:
