@@ -83,17 +83,18 @@ _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 # value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
 _RN72_ROWS = 72
 # A fused launch that names no kernel nor layout runs rn72 where its 72-row blocks compute at most
-# _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128), in at
-# most _RN72_MAX_SPLITS KV splits, or in more where the split launch fills at least _RN72_MIN_FILL
-# of one wave of the SMs (one block an SM, no second wave) with at least _RN72_MIN_TILES KV tiles
-# a block: a block's fixed cost (Q loaded behind its first tiles, the first tile's max step, the
-# end; traced in docs/perf_log.md, session 38) must be spread over enough tiles and blocks. H100, rn72 with its
-# staged end (scripts/rows_n72_ab.py, each shape's two kernels alternating; docs/perf_log.md,
-# session 38), rn72 over pair at N = 9, H = 8: 0.82-0.87x at B = 4, 8 and 16 with P >= 16384 (8 to
-# 31 splits, 116-128 blocks, 8.9-64 tiles a block), 0.93x at B = 16, P = 4096 (8 tiles), 0.91x at
-# B = 64, P = 4096 (two splits); 0.99x at B = 4, P = 4096 (3 tiles a block, left to pair), 1.02x
-# at B = 8, P = 4096 (5 tiles) and 1.13-1.15x at B = 1 (29-31 blocks). Session 32: 1.07-1.10x at B
-# = 64 where it saves only a quarter of the rows (N = 17, H = 8 and N = 9, H = 16 at P >= 16384).
+# _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128), in at most
+# _RN72_MAX_SPLITS KV splits, or in more where the split launch fills at least _RN72_MIN_FILL of one
+# wave of the SMs (one block an SM, no second wave) with at least _RN72_MIN_TILES KV tiles a block:
+# a block's fixed cost (its prologue while the launch's first tiles land, the first tile's max step,
+# the end; traced in docs/perf_log.md, sessions 38 and 39) must be spread over enough tiles and
+# blocks. H100, rn72 with its staged end (scripts/rows_n72_ab.py, each shape's two kernels
+# alternating; docs/perf_log.md, session 38), rn72 over pair at N = 9, H = 8: 0.82-0.87x at B = 4, 8
+# and 16 with P >= 16384 (8 to 31 splits, 116-128 blocks, 8.9-64 tiles a block), 0.93x at B = 16, P
+# = 4096 (8 tiles), 0.91x at B = 64, P = 4096 (two splits); 0.99x at B = 4, P = 4096 (3 tiles a
+# block, left to pair), 1.02x at B = 8, P = 4096 (5 tiles) and 1.13-1.15x at B = 1 (29-31 blocks).
+# Session 32: 1.07-1.10x at B = 64 where it saves only a quarter of the rows (N = 17, H = 8 and N =
+# 9, H = 16 at P >= 16384).
 _RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_TILES = 0.6, 2, 0.6, 8
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32

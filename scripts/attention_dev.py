@@ -161,6 +161,14 @@ def profile(shapes, kernels=(("wgmma", "rows_m"), ("wgmma", "rows_n"))) -> int:
     return 0
 
 
+def write_rows(path, rows) -> None:
+    """``rows`` (dicts with the same keys) as a CSV at ``path``, the first row's keys the header."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
     """``"B,N,H,P;B,N,H,P"`` -> [(B, N, H, P), ...]."""
     return [tuple(int(x) for x in part.split(",")) for part in text.split(";") if part.strip()]
@@ -213,10 +221,7 @@ def main(argv=None) -> int:
                   f"({row['frac_hbm']:.2f})", flush=True)
         sets.clear()
         torch.cuda.empty_cache()
-    with open(a.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(a.out, rows)
     print(f"\nHBM {bw / 1e12:.2f} TB/s, bf16 {rate / 1e12:.0f} TFLOP/s; graph replay, cold L2, median us")
     print(f"{'B':>3s} {'N':>4s} {'H':>3s} {'P':>6s} {'config':18s} {'layout':6s} {'tile':>4s} {'spl':>3s} "
           f"{'us':>8s} {'bf16':>5s} {'hbm':>5s}")

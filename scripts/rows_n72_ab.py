@@ -9,12 +9,11 @@ as ``attention_dev.py``'s CSV (``perf_tables.py attention-dev CSV fused_pair``).
 
 (default shapes: ``SHAPES``)
 """
-import csv
 import sys
 
 import torch
 
-from attention_dev import ceilings, check_config, cost, input_sets, references, run_config, time_configs
+from attention_dev import ceilings, check_config, cost, input_sets, references, run_config, time_configs, write_rows
 from kdtree.attention import D_V, _num_sms, launch_plan
 
 SHAPES = [(64, 9, 8, 16384), (8, 9, 8, 16384), (64, 9, 8, 4096), (8, 9, 8, 32768), (64, 9, 8, 32768),
@@ -58,10 +57,7 @@ def main(path=None, *shapes) -> int:
         sets.clear()
         torch.cuda.empty_cache()
     if path and rows:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_rows(path, rows)
     return 0 if ok else 1
 
 

@@ -10,12 +10,11 @@ CSV.
 
     python scripts/splits_wide.py OUT_CSV [B,N,H,P ...] [-- impl:splits ...]
 """
-import csv
 import sys
 
 import torch
 
-from attention_dev import ceilings, check_config, cost, input_sets, references, run_config, time_configs
+from attention_dev import ceilings, check_config, cost, input_sets, references, run_config, time_configs, write_rows
 from kdtree.attention import D_V, _num_sms, launch_plan
 
 SHAPES = [(1, 9, 8, 4096), (1, 9, 8, 16384), (1, 9, 8, 32768), (1, 17, 8, 16384), (1, 17, 8, 32768),
@@ -76,10 +75,7 @@ def main(path, *args) -> int:
         sets.clear()
         torch.cuda.empty_cache()
     if path and rows:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_rows(path, rows)
     return 0 if ok else 1
 
 
