@@ -85,17 +85,16 @@ _RN72_ROWS = 72
 # A fused launch that names no kernel nor layout runs rn72 where its 72-row blocks compute at most
 # _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128), in at most
 # _RN72_MAX_SPLITS KV splits, or in more where the split launch fills at least _RN72_MIN_FILL of one
-# wave of the SMs (one block an SM, no second wave) with at least _RN72_MIN_TILES KV tiles a block:
-# a block's fixed cost (its prologue while the launch's first tiles land, the first tile's max step,
-# the end; traced in docs/perf_log.md, sessions 38 and 39) must be spread over enough tiles and
-# blocks. H100, rn72 with its staged end (scripts/rows_n72_ab.py, each shape's two kernels
-# alternating; docs/perf_log.md, session 38), rn72 over pair at N = 9, H = 8: 0.82-0.87x at B = 4, 8
-# and 16 with P >= 16384 (8 to 31 splits, 116-128 blocks, 8.9-64 tiles a block), 0.93x at B = 16, P
-# = 4096 (8 tiles), 0.91x at B = 64, P = 4096 (two splits); 0.99x at B = 4, P = 4096 (3 tiles a
-# block, left to pair), 1.02x at B = 8, P = 4096 (5 tiles) and 1.13-1.15x at B = 1 (29-31 blocks).
+# wave of the SMs (one block an SM, no second wave) and its longest block has at least
+# _RN72_MIN_TILES KV tiles: a block's fixed cost (its prologue while the launch's first tiles land,
+# the first tile's max step, the end; traced in docs/perf_log.md, sessions 38 and 39) must be spread
+# over enough blocks. H100, rn72 with its faster start (tile 1 issued once tile 0 has landed),
+# scripts/rows_n72_ab.py (each shape's two kernels alternating; docs/perf_log.md, session 40), rn72
+# over pair at N = 9, H = 8: faster wherever the launch has 62 or more blocks, down to 3 tiles a
+# block (B = 3, P = 4096: 66 blocks), slower at B = 1 (22-31 blocks) and at B = 2, P = 4096 (44).
 # Session 32: 1.07-1.10x at B = 64 where it saves only a quarter of the rows (N = 17, H = 8 and N =
 # 9, H = 16 at P >= 16384).
-_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_TILES = 0.6, 2, 0.6, 8
+_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_TILES = 0.6, 2, 0.45, 3
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
@@ -566,7 +565,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         for the rows_n layout; else, for ``fused``, ``rn72`` where its 72-row blocks compute at
         most ``_RN72_MAX_ROW_SHARE`` of the rows 64-row tiles would in at most
         ``_RN72_MAX_SPLITS`` splits, or in more that fill at least ``_RN72_MIN_FILL`` of one wave with at
-        least ``_RN72_MIN_TILES`` KV tiles a block (and no layout is forced), otherwise the rows_m kernel
+        least ``_RN72_MIN_TILES`` KV tiles in the longest block (and no layout is forced), else the kernel
         ``sm90_impl`` picks for the launch (``pair`` or ``tma_seq``); ``SM90_IMPL`` for
         ``cascade``.
     splits : int, optional
@@ -608,8 +607,8 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     if by_launch and layout_forced is None:  # rn72 where 72-row blocks save enough padded rows
         t72 = -(-rows // _RN72_ROWS)
         s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows)
-        fills = (_RN72_MIN_FILL * num_sms <= t72 * batch * s72 <= num_sms
-                 and -(-kv // _FUSED_BN) >= _RN72_MIN_TILES * s72)
+        longest = -(-(-(-kv // _FUSED_BN)) // s72)  # KV tiles of the launch's longest block
+        fills = _RN72_MIN_FILL * num_sms <= t72 * batch * s72 <= num_sms and longest >= _RN72_MIN_TILES
         if t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile and (s72 <= _RN72_MAX_SPLITS or fills):
             by_launch, impl, layout, tile, s = False, "rn72", "rows_n", _RN72_ROWS, s72
     if by_launch:
