@@ -83,18 +83,18 @@ _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 # value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
 _RN72_ROWS = 72
 # A fused launch that names no kernel nor layout runs rn72 where its 72-row blocks compute at most
-# _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128), in at most
-# _RN72_MAX_SPLITS KV splits, or in more where the split launch fills at least _RN72_MIN_FILL of one
-# wave of the SMs (one block an SM, no second wave) and its longest block has at least
-# _RN72_MIN_TILES KV tiles: a block's fixed cost (its prologue while the launch's first tiles land,
-# the first tile's max step, the end; traced in docs/perf_log.md, sessions 38 and 39) must be spread
-# over enough blocks. H100, rn72 with its faster start (tile 1 issued once tile 0 has landed),
-# scripts/rows_n72_ab.py (each shape's two kernels alternating; docs/perf_log.md, session 40), rn72
-# over pair at N = 9, H = 8: faster wherever the launch has 62 or more blocks, down to 3 tiles a
-# block (B = 3, P = 4096: 66 blocks), slower at B = 1 (22-31 blocks) and at B = 2, P = 4096 (44).
-# Session 32: 1.07-1.10x at B = 64 where it saves only a quarter of the rows (N = 17, H = 8 and N =
-# 9, H = 16 at P >= 16384).
-_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_TILES = 0.6, 2, 0.45, 3
+# _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128) and the
+# KV sequence has at least _RN72_MIN_KV_TILES tiles, in at most _RN72_MAX_SPLITS KV splits, or in
+# more where the split launch fills at least _RN72_MIN_FILL of one wave of the SMs (one block an
+# SM, no second wave): a block's fixed cost (its prologue while the launch's first tiles land, the
+# first tile's max step, the end; traced in docs/perf_log.md, sessions 38 and 39) and rn72's extra
+# splits (half as many row blocks as pair's to fill the SMs) must be paid for by enough KV. H100,
+# rn72 with its faster start (tile 1 issued once tile 0 has landed), scripts/rows_n72_ab.py (each
+# shape's two kernels alternating; docs/perf_log.md, session 40), rn72 over pair at N = 9, H = 8:
+# faster at P >= 4096 wherever the launch has 58 or more blocks (B = 2 at P >= 16384, B >= 3), down
+# to 3 tiles a block; slower at P <= 2048 (33 tiles or fewer) whatever the batch, at B = 1 (22-31
+# blocks) and at B = 2 with P <= 8192 (44 and 52 blocks).
+_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_KV_TILES = 0.6, 2, 0.43, 64
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
@@ -563,9 +563,9 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         The fused kernel, one of ``FUSED_IMPLS`` (see ``fused_impl``): ``pair`` / ``tma_seq`` /
         ``tma`` (rows_m only), ``rn72`` (rows_n only), ``wgmma`` or ``mma``. Default: ``wgmma``
         for the rows_n layout; else, for ``fused``, ``rn72`` where its 72-row blocks compute at
-        most ``_RN72_MAX_ROW_SHARE`` of the rows 64-row tiles would in at most
-        ``_RN72_MAX_SPLITS`` splits, or in more that fill at least ``_RN72_MIN_FILL`` of one wave with at
-        least ``_RN72_MIN_TILES`` KV tiles in the longest block (and no layout is forced), else the kernel
+        most ``_RN72_MAX_ROW_SHARE`` of the rows 64-row tiles would over at least
+        ``_RN72_MIN_KV_TILES`` KV tiles, in at most ``_RN72_MAX_SPLITS`` splits or in more that fill
+        at least ``_RN72_MIN_FILL`` of one wave (and no layout is forced), else the kernel
         ``sm90_impl`` picks for the launch (``pair`` or ``tma_seq``); ``SM90_IMPL`` for
         ``cascade``.
     splits : int, optional
@@ -607,9 +607,10 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     if by_launch and layout_forced is None:  # rn72 where 72-row blocks save enough padded rows
         t72 = -(-rows // _RN72_ROWS)
         s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows)
-        longest = -(-(-(-kv // _FUSED_BN)) // s72)  # KV tiles of the launch's longest block
-        fills = _RN72_MIN_FILL * num_sms <= t72 * batch * s72 <= num_sms and longest >= _RN72_MIN_TILES
-        if t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile and (s72 <= _RN72_MAX_SPLITS or fills):
+        fills = _RN72_MIN_FILL * num_sms <= t72 * batch * s72 <= num_sms
+        saves = (t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile
+                 and -(-kv // _FUSED_BN) >= _RN72_MIN_KV_TILES)
+        if saves and (s72 <= _RN72_MAX_SPLITS or fills):
             by_launch, impl, layout, tile, s = False, "rn72", "rows_n", _RN72_ROWS, s72
     if by_launch:
         impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)

@@ -3,7 +3,8 @@
 At each (B, N, H, P): fresh inputs (``attention_dev.input_sets``: cold L2), both kernels checked
 against float64 on the first and last sequence, then timed by CUDA-graph replay with their replays
 alternating (``attention_dev.time_configs``). Prints one line a shape; with a path, writes the rows
-as ``attention_dev.py``'s CSV (``perf_tables.py attention-dev CSV fused_pair``).
+measured so far as ``attention_dev.py``'s CSV after each shape (``perf_tables.py attention-dev CSV
+fused_pair``).
 
     python scripts/rows_n72_ab.py [OUT_CSV [B,N,H,P ...]]
 
@@ -54,10 +55,10 @@ def main(path=None, *shapes) -> int:
             line += (f" | {impl} {plan.tile_rows}x{plan.splits}: {t.median_us:8.1f} us [{t.p20_us:.1f}, {t.p80_us:.1f}]"
                      f" HBM {nbytes / s / bw:.2f} bf16 {flops / s / rate:.2f}")
         print(line + f" | rn72 / pair {times[1].median_us / times[0].median_us:.3f}", flush=True)
+        if path:  # after every shape: a run its call's time limit cuts keeps what it measured
+            write_rows(path, rows)
         sets.clear()
         torch.cuda.empty_cache()
-    if path and rows:
-        write_rows(path, rows)
     return 0 if ok else 1
 
 
