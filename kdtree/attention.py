@@ -83,18 +83,19 @@ _PAIR_SMEM = _TILE_BYTES + 5 * _FUSED_BM * 4 + 25 * 8 + 1024
 # value boxes, one rope box, P of 72 rows, alpha [2][72] floats, 8 mbarriers, 2 flags; no base slack.
 _RN72_ROWS = 72
 # A fused launch that names no kernel nor layout runs rn72 where its 72-row blocks compute at most
-# _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128) and the
-# KV sequence has at least _RN72_MIN_KV_TILES tiles, in at most _RN72_MAX_SPLITS KV splits, or in
-# more where the split launch fills at least _RN72_MIN_FILL of one wave of the SMs (one block an
-# SM, no second wave): a block's fixed cost (its prologue while the launch's first tiles land, the
-# first tile's max step, the end; traced in docs/perf_log.md, sessions 38 and 39) and rn72's extra
-# splits (half as many row blocks as pair's to fill the SMs) must be paid for by enough KV. H100,
-# rn72 with its faster start (tile 1 issued once tile 0 has landed), scripts/rows_n72_ab.py (each
-# shape's two kernels alternating; docs/perf_log.md, session 40), rn72 over pair at N = 9, H = 8:
-# faster at P >= 4096 wherever the launch has 58 or more blocks (B = 2 at P >= 16384, B >= 3), down
-# to 3 tiles a block; slower at P <= 2048 (33 tiles or fewer) whatever the batch, at B = 1 (22-31
-# blocks) and at B = 2 with P <= 8192 (44 and 52 blocks).
-_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_KV_TILES = 0.6, 2, 0.43, 64
+# _RN72_MAX_ROW_SHARE of the rows 64-row tiles would (H = 8, N = 9: 72 rows against 128; N = 17:
+# 144 against 192; H = 8, N = 33 and H = 32, N = 9: 288 against 320) and the KV sequence has at
+# least _RN72_MIN_KV_TILES tiles, in at most _RN72_MAX_SPLITS KV splits, or in more where the split
+# launch fills at least _RN72_MIN_FILL of one wave of the SMs (one block an SM, no second wave): a
+# block's fixed cost (its prologue while the launch's first tiles land, the first tile's max step,
+# the end; traced in docs/perf_log.md, sessions 38 and 39) and rn72's extra splits (fewer row
+# blocks than pair's to fill the SMs) must be paid for by enough KV and enough blocks. H100, rn72
+# with its faster start (tile 1 issued once tile 0 has landed), scripts/rows_n72_ab.py (each
+# shape's two kernels alternating; docs/perf_log.md, session 40), rn72 over pair: 0.68-0.94x at
+# every B = 8 and 64 shard shape with P >= 4096 (row shares 0.56 to 0.9), and at B = 1 to 3 where
+# the launch has 66 blocks or more, down to 3 tiles a block; 1.05-1.43x at P <= 2048 (33 tiles or
+# fewer) whatever the batch, and with 62 blocks or fewer (B = 1 and 2).
+_RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_KV_TILES = 0.9, 2, 0.48, 64
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
@@ -604,16 +605,16 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
     s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
-    if by_launch and layout_forced is None:  # rn72 where 72-row blocks save enough padded rows
+    if by_launch:
+        impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
+    if by_launch and layout_forced is None and impl == "pair":  # rn72 where 72-row blocks save enough rows
         t72 = -(-rows // _RN72_ROWS)
         s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows)
         fills = _RN72_MIN_FILL * num_sms <= t72 * batch * s72 <= num_sms
         saves = (t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile
                  and -(-kv // _FUSED_BN) >= _RN72_MIN_KV_TILES)
         if saves and (s72 <= _RN72_MAX_SPLITS or fills):
-            by_launch, impl, layout, tile, s = False, "rn72", "rows_n", _RN72_ROWS, s72
-    if by_launch:
-        impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
+            impl, layout, tile, s = "rn72", "rows_n", _RN72_ROWS, s72
     if variant == "fused" and impl == "pair" and splits is None:
         head, ts = choose_tail(blocks, kv, num_sms, s)
         if head:

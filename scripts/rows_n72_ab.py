@@ -1,6 +1,6 @@
-"""rn72 (72 rows on wgmma's N) against pair at the tensor-parallel shard shapes (GPU host, dev).
+"""rn72 (72 rows on wgmma's N) against pair and tma_seq at the tensor-parallel shard shapes (GPU host, dev).
 
-At each (B, N, H, P): fresh inputs (``attention_dev.input_sets``: cold L2), both kernels checked
+At each (B, N, H, P): fresh inputs (``attention_dev.input_sets``: cold L2), the kernels checked
 against float64 on the first and last sequence, then timed by CUDA-graph replay with their replays
 alternating (``attention_dev.time_configs``). Prints one line a shape; with a path, writes the rows
 measured so far as ``attention_dev.py``'s CSV after each shape (``perf_tables.py attention-dev CSV
@@ -19,7 +19,7 @@ from kdtree.attention import D_V, _num_sms, launch_plan
 
 SHAPES = [(64, 9, 8, 16384), (8, 9, 8, 16384), (64, 9, 8, 4096), (8, 9, 8, 32768), (64, 9, 8, 32768),
           (1, 9, 8, 16384), (8, 17, 8, 16384), (8, 9, 16, 16384), (8, 9, 32, 16384), (64, 17, 8, 4096)]
-CONFIGS = [("fused", "pair"), ("fused", "rn72")]
+CONFIGS = [("fused", "pair"), ("fused", "tma_seq"), ("fused", "rn72")]
 
 
 def main(path=None, *shapes) -> int:
@@ -54,7 +54,8 @@ def main(path=None, *shapes) -> int:
                              frac_bf16=flops / s / rate, frac_hbm=nbytes / s / bw, sm_mhz=t.sm_clock_mhz))
             line += (f" | {impl} {plan.tile_rows}x{plan.splits}: {t.median_us:8.1f} us [{t.p20_us:.1f}, {t.p80_us:.1f}]"
                      f" HBM {nbytes / s / bw:.2f} bf16 {flops / s / rate:.2f}")
-        print(line + f" | rn72 / pair {times[1].median_us / times[0].median_us:.3f}", flush=True)
+        print(line + f" | rn72 / pair {times[2].median_us / times[0].median_us:.3f}"
+              f" | rn72 / tma_seq {times[2].median_us / times[1].median_us:.3f}", flush=True)
         if path:  # after every shape: a run its call's time limit cuts keeps what it measured
             write_rows(path, rows)
         sets.clear()
