@@ -431,7 +431,7 @@ def test_launch_plan_picks_rn72_where_it_computes_fewer_rows():
 
 @pytest.mark.parametrize("run", ["rn72_short_87aa8e6", "rn72_rule_b1_p4096_87aa8e6", "rn72_rule_52948a9",
                                  "rn72_rows_a3f8683"])
-def test_rn72_is_picked_only_where_it_was_timed_faster_than_pair(run):
+def test_rn72_is_picked_only_where_it_was_timed_faster(run):
     """In the committed H100 timings of rn72 as it is now (its faster start, 35ed306) against pair
     and, in the later runs, tma_seq (each shape's kernels alternating), every shape launch_plan
     gives rn72 ran it faster than the rows_m kernel the plan would otherwise run, and every shape
@@ -453,8 +453,10 @@ def test_rn72_is_picked_only_where_it_was_timed_faster_than_pair(run):
             assert picked != "rn72", k
             continue
         r = t["fused_rn72"] / t[f"fused_{rows_m}"]
-        assert r < 1.0 if picked == "rn72" else True, (k, rows_m, r)
-        assert picked != "rn72" if r > 1.0 else True, (k, rows_m, r)
+        if picked == "rn72":
+            assert r < 1.0, (k, rows_m, r)
+        if r > 1.0:
+            assert picked != "rn72", (k, rows_m, r)
         checked += picked == "rn72"
     assert checked
 
