@@ -16,6 +16,7 @@
     python scripts/perf_tables.py moe-bar results/moe/h200_05_1da4148
     python scripts/perf_tables.py rn72-stalls results/ncu_stalls_h100/rn72_9b1b4a4/rn72_source.csv.gz
     python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
+    python scripts/perf_tables.py rn72-rule results/verify_attention_dev_h100/rn72_rows_a3f8683/dev.csv
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -111,6 +112,10 @@ with its warp-stall samples, as ``scripts/ncu_attention_stalls.sh`` saves it): w
 warpgroup 1's samples per section of the tile loop, found by the loop's SASS landmarks (its
 mbarrier waits by offset, the wgmma runs and waits, the warpgroup's OR, the P publish), and the
 guarded regions (BSSY / BSYNC) between S^T's wait and the OR that every tile enters.
+
+rn72-rule: ``scripts/rows_n72_ab.py`` CSVs against ``launch_plan``'s rn72 rule: per run and row
+share, the shapes given rn72 with its time over the rows_m kernel the plan would otherwise run, and
+the shapes left to that kernel, split by whether rn72 was faster there.
 
 mode-probe: ``scripts/mode_probe.py``'s CSV: per shape and configuration the per-call times, split
 by the SM clock read beside each call, and the calls held down by the power cap.
@@ -793,6 +798,38 @@ def attention_dev(csv: str, base: str = "fused_tma_seq") -> str:
     return "\n".join(out)
 
 
+def rn72_rule(*csvs: str) -> str:
+    """``scripts/rows_n72_ab.py`` runs against ``launch_plan``'s rn72 rule: per run and row share
+    (rn72's rows over 64-row tiles'), the shapes the rule gives rn72 with rn72's time over the rows_m
+    kernel the plan would otherwise run, and the shapes it leaves to that kernel, split by whether
+    rn72 was faster there (where that kernel was not timed, against pair, marked)."""
+    from kdtree.attention import launch_plan
+
+    out = ["| run | row share | given rn72: shapes, rn72 / rows_m kernel min / median / max | left to rows_m, "
+           "rn72 faster: shapes, ratio | left to rows_m, rn72 slower: shapes, ratio |", "|---|---|---|---|---|"]
+    wrong = []
+    for csv in csvs:
+        us = pd.read_csv(csv).pivot_table(index=["B", "N", "H", "P"], columns="config", values="us")
+        rows = []
+        for (B, N, H, P), t in us.iterrows():
+            kw = dict(batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132)
+            picked, rows_m = launch_plan("fused", **kw).impl, launch_plan("fused", layout="rows_m", **kw).impl
+            base = f"fused_{rows_m}" if f"fused_{rows_m}" in t else "fused_pair"
+            share = 72 * -(-N * H // 72) / (64 * -(-N * H // 64))
+            rows.append((round(share, 2), picked == "rn72", t["fused_rn72"] / t[base], base != f"fused_{rows_m}"))
+            if picked == "rn72" and rows[-1][2] >= 1:
+                wrong.append(f"{csv}: B={B} N={N} H={H} P={P}")
+        d = pd.DataFrame(rows, columns=["share", "given", "ratio", "vs_pair"])
+        for share, g in d.groupby("share"):
+            cells = []
+            for sel in (g[g.given], g[~g.given & (g.ratio < 1)], g[~g.given & (g.ratio >= 1)]):
+                mark = " (against pair where tma_seq runs)" if sel.vs_pair.any() else ""
+                cells.append(f"{len(sel)}, {_spread(sel.ratio)}{mark}" if len(sel) else "0")
+            out.append(f"| `{Path(csv).parent.name}` | {share:.2f} | " + " | ".join(cells) + " |")
+    out += ["", "Given rn72 but timed slower: " + ("none" if not wrong else "; ".join(wrong))]
+    return "\n".join(out)
+
+
 def grid_vs(run: str, other: str = "fused_pair") -> str:
     """A verify grid's ``fused`` rows against ``other``'s, shape by shape, with the kernel ``fused``
     ran, the split count and the SM clock of each row (a ratio across clocks is marked)."""
@@ -967,11 +1004,14 @@ if __name__ == "__main__":
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
              "moe-read": moe_read,
-             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "rn72-stalls": rn72_stalls}
+             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "rn72-stalls": rn72_stalls,
+             "rn72-rule": rn72_rule}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
+    many = {"rn72-rule"}   # kinds that read one run or more
     base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
     n = len(sys.argv) - 3
-    if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)):
+    if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)
+                                                or sys.argv[1] in many):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff, tail-grid: OLD_RUN NEW_RUN; "
-                 "attention-dev: CSV [BASE_CONFIG])")
+                 "attention-dev: CSV [BASE_CONFIG]; rn72-rule: CSV [CSV ...])")
     print(kinds[sys.argv[1]](*sys.argv[2:]))

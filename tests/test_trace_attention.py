@@ -505,3 +505,22 @@ def test_rn72_stalls_split_each_warpgroups_loop_and_find_the_guarded_regions():
     assert share["wait for P (wg0's publish)"] == max(float(r[3]) for r in rows if r[0].strip() == "wg1")
     assert share["P free, scale, mask, OR over the warpgroup"] >= 0.2
     assert int(re.search(r"OR: (\d+) guarded regions \(BSSY\) entered on every tile", text).group(1)) >= 18
+
+
+def test_rn72_rule_table_counts_every_timed_shape_once():
+    """perf_tables rn72-rule on the committed rn72 runs: per run, the shapes given rn72 and those
+    left to the rows_m kernel (faster or slower) add up to the run's shapes, and none given rn72
+    was timed slower."""
+    import pandas as pd
+
+    runs = [ROOT / "results" / "verify_attention_dev_h100" / r / "dev.csv"
+            for r in ("rn72_rule_b1_p4096_87aa8e6", "rn72_rows_a3f8683")]
+    table = PERF_TABLES["rn72_rule"](*map(str, runs))
+    counts = {}
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            run = cells[0].strip("`")
+            counts[run] = counts.get(run, 0) + sum(int(c.split(",")[0]) for c in cells[2:])
+    assert counts == {r.parent.name: len(pd.read_csv(r).groupby(["B", "N", "H", "P"])) for r in runs}
+    assert table.endswith("Given rn72 but timed slower: none")
