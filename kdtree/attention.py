@@ -91,11 +91,12 @@ _RN72_ROWS = 72
 # the end; traced in docs/perf_log.md, sessions 38 and 39) and rn72's extra splits (fewer row
 # blocks than pair's to fill the SMs) must be paid for by enough KV and enough blocks. H100, rn72
 # with its faster start (tile 1 issued once tile 0 has landed), scripts/rows_n72_ab.py (each
-# shape's two kernels alternating; docs/perf_log.md, session 40), rn72 over pair: 0.68-0.99x at
-# every B = 8 and 64 shard shape with P >= 4096 (row shares 0.56 to 0.9), and at B = 1 to 3 where
-# the launch has 66 blocks or more, down to 3 tiles a block; 1.05-1.43x at P <= 2048 (33 tiles or
-# fewer) whatever the batch, and with 62 blocks or fewer (B = 1 and 2). It replaces pair only: where
-# the rows_m rule runs tma_seq (many short splits), rn72 has not been timed against it.
+# shape's kernels alternating), rendered against this rule by `scripts/perf_tables.py rn72-rule`
+# (docs/perf_log.md, session 40): rn72 faster than pair at every B = 8 and 64 shard shape from P =
+# 4096 at row shares up to 0.9, and at B = 1 to 3 where the launch has 66 blocks or more, down to 3
+# tiles a block; slower at P <= 2048 whatever the batch, and with 62 blocks or fewer (B = 1 and 2).
+# It replaces pair only: where the rows_m rule runs tma_seq (many short splits), rn72 has not been
+# timed against it.
 _RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_KV_TILES = 0.9, 2, 0.48, 64
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32

@@ -802,29 +802,35 @@ def rn72_rule(*csvs: str) -> str:
     """``scripts/rows_n72_ab.py`` runs against ``launch_plan``'s rn72 rule: per run and row share
     (rn72's rows over 64-row tiles'), the shapes the rule gives rn72 with rn72's time over the rows_m
     kernel the plan would otherwise run, and the shapes it leaves to that kernel, split by whether
-    rn72 was faster there (where that kernel was not timed, against pair, marked)."""
+    rn72 was faster there (where that kernel was not timed, against pair, marked); with each group's
+    rn72 launch sizes (blocks) and prefixes."""
     from kdtree.attention import launch_plan
 
-    out = ["| run | row share | given rn72: shapes, rn72 / rows_m kernel min / median / max | left to rows_m, "
-           "rn72 faster: shapes, ratio | left to rows_m, rn72 slower: shapes, ratio |", "|---|---|---|---|---|"]
+    out = ["| run | row share | given rn72: shapes, rn72 / rows_m kernel min / median / max, rn72 blocks, P | "
+           "left to rows_m, rn72 faster: the same | left to rows_m, rn72 slower: the same |", "|---|---|---|---|---|"]
     wrong = []
     for csv in csvs:
-        us = pd.read_csv(csv).pivot_table(index=["B", "N", "H", "P"], columns="config", values="us")
+        d = pd.read_csv(csv)
+        us = d.pivot_table(index=["B", "N", "H", "P"], columns="config", values="us")
+        splits = d[d.config == "fused_rn72"].set_index(["B", "N", "H", "P"]).splits
         rows = []
         for (B, N, H, P), t in us.iterrows():
             kw = dict(batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132)
             picked, rows_m = launch_plan("fused", **kw).impl, launch_plan("fused", layout="rows_m", **kw).impl
             base = f"fused_{rows_m}" if f"fused_{rows_m}" in t else "fused_pair"
             share = 72 * -(-N * H // 72) / (64 * -(-N * H // 64))
-            rows.append((round(share, 2), picked == "rn72", t["fused_rn72"] / t[base], base != f"fused_{rows_m}"))
+            blocks = B * -(-N * H // 72) * splits[(B, N, H, P)]
+            rows.append((round(share, 2), picked == "rn72", t["fused_rn72"] / t[base], base != f"fused_{rows_m}",
+                         blocks, P))
             if picked == "rn72" and rows[-1][2] >= 1:
                 wrong.append(f"{csv}: B={B} N={N} H={H} P={P}")
-        d = pd.DataFrame(rows, columns=["share", "given", "ratio", "vs_pair"])
+        d = pd.DataFrame(rows, columns=["share", "given", "ratio", "vs_pair", "blocks", "P"])
         for share, g in d.groupby("share"):
             cells = []
             for sel in (g[g.given], g[~g.given & (g.ratio < 1)], g[~g.given & (g.ratio >= 1)]):
                 mark = " (against pair where tma_seq runs)" if sel.vs_pair.any() else ""
-                cells.append(f"{len(sel)}, {_spread(sel.ratio)}{mark}" if len(sel) else "0")
+                cells.append(f"{len(sel)}, {_spread(sel.ratio)}{mark}, {sel.blocks.min()}-{sel.blocks.max()}, "
+                             f"{sel.P.min()}-{sel.P.max()}" if len(sel) else "0")
             out.append(f"| `{Path(csv).parent.name}` | {share:.2f} | " + " | ".join(cells) + " |")
     out += ["", "Given rn72 but timed slower: " + ("none" if not wrong else "; ".join(wrong))]
     return "\n".join(out)
