@@ -11,7 +11,7 @@ kernel and its baselines first, the other kernels after, each group's replays al
 Timed one after the other on a power-capped GPU, configurations compared SM clock states as much
 as kernels: the clock falls over seconds of heavy work (docs/perf_log.md, session 30). Variants:
 ``fused`` on the
-default kernel (on sm_90a the one ``launch_plan`` picks for the launch, ``pair`` or ``tma_seq``;
+default kernel (on sm_90a the one ``launch_plan`` picks for the launch, ``pair``, ``tma_seq`` or ``rn72``;
 the column ``impl`` names it, ``default_impl`` the rule) and on each kernel (``fused_pair``,
 ``fused_tma_seq``, ``fused_tma``, ``fused_wgmma``, the first wgmma kernel, ``fused_mma``),
 ``cascade`` (default kernel),
@@ -57,7 +57,7 @@ SHARDS = [(B, N, H, P) for H in (8, 16, 32) for N in (9, 17, 33, 65) for P in (4
 SHAPES = H64 + SHARDS
 
 # (label, variant, impl); fused and cascade run the default fused kernel (fused: the one
-# launch_plan picks for the launch, pair or tma_seq on sm_90a).
+# launch_plan picks for the launch, pair, tma_seq or rn72 on sm_90a).
 CONFIGS = [("fused", "fused", None), ("cascade", "cascade", None), ("fused_pair", "fused", "pair"),
            ("fused_tma_seq", "fused", "tma_seq"), ("fused_wgmma", "fused", "wgmma"), ("fused_tma", "fused", "tma"),
            ("fused_mma", "fused", "mma"),
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     bw, rate, rate_mhz = ceilings()
     auto = default_impl(0)   # None: the sm_90a kernel chosen per launch
-    default = "pair|tma_seq" if auto is None else auto
+    default = "pair|tma_seq|rn72" if auto is None else auto
     print(f"{torch.cuda.get_device_name(0)}: {sms} SMs, L2 {l2 >> 20} MiB, HBM {bw / 1e12:.2f} TB/s, "
           f"bf16 {rate / 1e12:.0f} TFLOP/s; fused runs {default} by default", flush=True)
     shapes = SHAPES
