@@ -100,6 +100,13 @@ _RN72_ROWS = 72
 _RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_KV_TILES = 0.9, 2, 0.48, 64
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
+# A fused launch of few row blocks (B = 1 shards: one to four 64-row tiles) may take up to
+# _WIDE_MAX_SPLITS splits where they all run in one wave and every block keeps at least
+# _WIDE_MIN_BLOCK_TILES KV tiles: at 32 splits those launches leave half the SMs or more idle.
+# H100, scripts/splits_wide.py (docs/perf_log.md, sessions 39 and 41): B = 1, N = 9, H = 8 took
+# 0.83-0.87x the plan's time at 48-64 splits at P = 32768 and 0.89-0.94x at P = 16384, but 1.03-1.24x
+# at P = 4096 (one or two tiles a block), and a second wave of blocks lost at N = 17.
+_WIDE_MAX_SPLITS, _WIDE_MIN_BLOCK_TILES = 64, 4
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
 # on an H200 (docs/perf_log.md, session 16); choose_splits weighs the partials with it, past
 # the first _PARTIAL_L2_BYTES of them (which stay in the L2: 0.4 of an H200's 60 MB).
@@ -265,7 +272,7 @@ def _num_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int:
+def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0, wide: bool = False) -> int:
     """KV splits for the fused kernel: the fewest estimated tile periods.
 
     ``blocks`` are the (row tile, sequence) blocks, one resident per SM (the kernel takes ~225 KB
@@ -276,11 +283,13 @@ def choose_splits(blocks: int, kv_rows: int, num_sms: int, rows: int = 0) -> int
     ``_PARTIAL_BYTES_PER_TILE`` bytes per tile period. Without that term, 64 sequences of 264
     rows at P = 32768 took 7 splits where ``cascade`` with 2 ran 4% faster; with it, the counts
     it moves were timed against the old ones (``scripts/splits_ab.py``; docs/perf_log.md,
-    session 18).
+    session 18). With ``wide`` (fused launches), past ``_MAX_SPLITS`` up to ``_WIDE_MAX_SPLITS``
+    where the blocks stay one wave and keep ``_WIDE_MIN_BLOCK_TILES`` tiles each.
     """
     tiles = max(1, -(-kv_rows // _FUSED_BN))
+    cap = max(_MAX_SPLITS, min(_WIDE_MAX_SPLITS, num_sms // blocks, tiles // _WIDE_MIN_BLOCK_TILES) if wide else 0)
     best, best_cost = 1, None
-    for s in range(1, min(_MAX_SPLITS, tiles) + 1):
+    for s in range(1, min(cap, tiles) + 1):
         cost = -(-blocks * s // num_sms) * (-(-tiles // s) + (2 if s > 1 else 0))
         if s > 1:  # the partials past what stays in the L2 go to HBM and back
             cost += 2 * max(0.0, s * rows * _SPLIT_ROW_WEIGHT - _PARTIAL_L2_BYTES) / _PARTIAL_BYTES_PER_TILE
@@ -606,12 +615,12 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     layout_forced, layout = layout, layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
-    s = splits or choose_splits(blocks, kv, num_sms, batch * rows)
+    s = splits or choose_splits(blocks, kv, num_sms, batch * rows, wide=variant == "fused")
     if by_launch:
         impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
     if by_launch and layout_forced is None and impl == "pair":  # rn72 where 72-row blocks save enough rows
         t72 = -(-rows // _RN72_ROWS)
-        s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows)
+        s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows, wide=True)
         fills = _RN72_MIN_FILL * num_sms <= t72 * batch * s72 <= num_sms
         saves = (t72 * _RN72_ROWS <= _RN72_MAX_ROW_SHARE * (blocks // batch) * tile
                  and -(-kv // _FUSED_BN) >= _RN72_MIN_KV_TILES)
