@@ -95,17 +95,22 @@ _RN72_ROWS = 72
 # (docs/perf_log.md, session 40): rn72 faster than pair at every B = 8 and 64 shard shape from P =
 # 4096 at row shares up to 0.9, and at B = 1 to 3 where the launch has 66 blocks or more, down to 3
 # tiles a block; slower at P <= 2048 whatever the batch, and with 62 blocks or fewer (B = 1 and 2).
-# It replaces pair only: where the rows_m rule runs tma_seq (many short splits), rn72 has not been
-# timed against it.
+# It replaces pair only: where the rows_m rule runs tma_seq (many short splits), rn72 was as fast or
+# slower (results/verify_attention_dev_h100/rn72_tma_seq_da7c365, session 41: B = 1 at P = 4096 and
+# 16384, and B = 8, N = 9, H = 8, P = 4096).
 _RN72_MAX_ROW_SHARE, _RN72_MAX_SPLITS, _RN72_MIN_FILL, _RN72_MIN_KV_TILES = 0.9, 2, 0.48, 64
 _RN72_SMEM = _RN72_ROWS * D_QK * 2 + 2 * 8 * _FUSED_BN * 128 + _FUSED_BN * 128 + _RN72_ROWS * 128 + 2 * _RN72_ROWS * 4 + 8 * 8 + 2 * 4
 _MAX_SPLITS = 32
 # A fused launch of few row blocks (B = 1 shards: one to four 64-row tiles) may take up to
 # _WIDE_MAX_SPLITS splits where they all run in one wave and every block keeps at least
-# _WIDE_MIN_BLOCK_TILES KV tiles: at 32 splits those launches leave half the SMs or more idle.
-# H100, scripts/splits_wide.py (docs/perf_log.md, sessions 39 and 41): B = 1, N = 9, H = 8 took
-# 0.83-0.87x the plan's time at 48-64 splits at P = 32768 and 0.89-0.94x at P = 16384, but 1.03-1.24x
-# at P = 4096 (one or two tiles a block), and a second wave of blocks lost at N = 17.
+# _WIDE_MIN_BLOCK_TILES KV tiles: at 32 splits those launches leave half the SMs or more idle. On an
+# H100 (docs/perf_log.md, sessions 39 and 41), scripts/splits_wide.py had 48-64 splits faster at
+# B = 1, N = 9, H = 8 from P = 16384, slower at P = 4096 (one or two tiles a block) and where a
+# second wave of blocks formed; scripts/splits_ab.py timed this rule's counts faster than the capped
+# ones at all 9 grid shapes it moves (`perf_tables.py splits-ab results/splits_ab_h100/76b8be8/
+# splits_ab.csv`). Not for pair: at 43 splits of three row tiles it ran slower than at 29-31, where
+# the other kernels gained (`perf_tables.py grid-diff` of results/verify_table_h100/da7c365 and
+# b1_76b8be8, the B = 1 shard shapes).
 _WIDE_MAX_SPLITS, _WIDE_MIN_BLOCK_TILES = 64, 4
 # Bytes the GPU moves to and from HBM in one KV tile period of the fused kernel: ~4 TB/s x ~1.7 us
 # on an H200 (docs/perf_log.md, session 16); choose_splits weighs the partials with it, past
@@ -615,9 +620,12 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     layout_forced, layout = layout, layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
-    s = splits or choose_splits(blocks, kv, num_sms, batch * rows, wide=variant == "fused")
-    if by_launch:
-        impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
+    for wide in (variant == "fused" and impl != "pair" or by_launch, False):  # pair lost at wide counts
+        s = splits or choose_splits(blocks, kv, num_sms, batch * rows, wide=wide)
+        if by_launch:
+            impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
+        if impl != "pair" or not wide:
+            break
     if by_launch and layout_forced is None and impl == "pair":  # rn72 where 72-row blocks save enough rows
         t72 = -(-rows // _RN72_ROWS)
         s72 = splits or choose_splits(t72 * batch, kv, num_sms, batch * rows, wide=True)
