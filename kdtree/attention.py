@@ -620,7 +620,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     layout_forced, layout = layout, layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
-    for wide in (variant == "fused" and impl != "pair" or by_launch, False):  # pair lost at wide counts
+    for wide in (by_launch or (variant == "fused" and impl != "pair"), False):  # pair lost at wide counts
         s = splits or choose_splits(blocks, kv, num_sms, batch * rows, wide=wide)
         if by_launch:
             impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
