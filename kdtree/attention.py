@@ -620,7 +620,9 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
     layout_forced, layout = layout, layout or "rows_m"
     blocks = -(-rows // tile) * batch
     kv = kv_rows if variant == "fused" else kv_rows - nodes
-    for wide in (by_launch or (variant == "fused" and impl != "pair"), False):  # pair lost at wide counts
+    # A fused launch first tries the wide split counts (choose_splits' wide); where it runs pair, named
+    # or picked at that count, it takes the capped count instead: pair ran slower at the wide counts.
+    for wide in (by_launch or (variant == "fused" and impl != "pair"), False):
         s = splits or choose_splits(blocks, kv, num_sms, batch * rows, wide=wide)
         if by_launch:
             impl = sm90_impl(s, -(-max(1, -(-kv // _FUSED_BN)) // s), blocks * s, num_sms)
