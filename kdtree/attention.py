@@ -329,16 +329,22 @@ def _makespan(head_blocks: int, head_cost: float, tail_blocks: int, tail_cost: f
     return max(end, best)
 
 
-def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int) -> tuple[int, int]:
-    """A head/tail schedule for a fused launch of ``row_tiles`` (row tile, sequence) blocks in
-    ``splits`` KV splits: ``(head, tail_splits)``, or ``(0, 0)`` to keep the uniform launch.
+def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int) -> tuple[int, int, int]:
+    """A head/tail schedule for a fused launch of ``row_tiles`` (row tile, sequence) blocks whose
+    uniform split count is ``splits``: ``(head_splits, head, tail_splits)``, or ``(splits, 0, 0)``
+    to keep the uniform launch.
 
     One split count for every row tile leaves the launch's last wave part empty: 144 row tiles of
     17 KV tiles on 132 SMs (B = 16, N = 9, H = 64, P = 1024) run as two waves of 17 tiles. A
-    head/tail launch (``fused_block_ht``) runs the first ``head`` row tiles in ``splits`` splits,
-    a whole number of waves, and the rest, the tail, in ``tail_splits`` short blocks that the SMs
-    take as they free: 132 whole row tiles, then 12 row tiles in 9 splits of 2 tiles, one short block
-    an SM.
+    head/tail launch (``fused_block_ht``) runs the first ``head`` row tiles in ``head_splits``
+    splits, all its waves but the last whole, and the rest, the tail, in ``tail_splits`` short
+    blocks that the SMs take as they free: 132 whole row tiles, then 12 row tiles in 9 splits of 2
+    tiles, one short block an SM. The head may take fewer splits than the uniform count: 72 row
+    tiles of 65 KV tiles (B = 8, N = 65, H = 8, P = 4096) run uniform in 3 splits as 216 blocks of
+    22 tiles, a wave and two thirds; a head of 66 row tiles in 2 splits fills one wave with blocks of
+    33 tiles, and the other 6 row tiles follow in 22 splits of 3 tiles, one wave more of short
+    blocks. Each head split count from 1 to ``splits`` is tried with the head that leaves one wave
+    to the tail, and each tail count above it.
     Modelled in KV tile periods (``_makespan``, ``_BLOCK_TILES``...); a tail plan replaces the
     uniform one only where it saves at least ``_TAIL_MIN_GAIN`` of its time.
 
@@ -351,27 +357,25 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int) -> tupl
     num_sms : int
         Streaming multiprocessors (one block resident on each).
     splits : int
-        The uniform launch's split count (``choose_splits``); the head keeps it.
+        The uniform launch's split count (``choose_splits``): the most the head takes.
 
     Returns
     -------
     tuple of int
-        ``(head, tail_splits)``; ``(0, 0)``: no tail.
+        ``(head_splits, head, tail_splits)``; ``(splits, 0, 0)``: no tail.
     """
     tiles = max(1, -(-kv_rows // _FUSED_BN))
-    rem = row_tiles * splits % num_sms
-    if rem == 0 or splits >= tiles:
-        return 0, 0
-    best, plan = launch_tiles(row_tiles, kv_rows, num_sms, splits) * (1.0 - _TAIL_MIN_GAIN), (0, 0)
-    first = -(-rem // splits)   # the row tiles of the last, partial wave
-    for tail in range(first, min(row_tiles, first + 2 * -(-num_sms // splits)) + 1, max(1, -(-num_sms // splits))):
-        head = row_tiles - tail
-        if head <= 0:
-            break
-        for ts in range(splits + 1, min(_MAX_SPLITS, tiles) + 1):
-            t = launch_tiles(row_tiles, kv_rows, num_sms, splits, head, ts)
+    if row_tiles * splits % num_sms == 0 or splits >= tiles:
+        return splits, 0, 0
+    best, plan = launch_tiles(row_tiles, kv_rows, num_sms, splits) * (1.0 - _TAIL_MIN_GAIN), (splits, 0, 0)
+    for s in range(splits, 0, -1):   # on a tie, the most head splits (the fewest partial rows)
+        head = (-(-row_tiles * s // num_sms) - 1) * num_sms // s   # the head's blocks fill whole waves
+        if not 0 < head < row_tiles:
+            continue
+        for ts in range(s + 1, min(_MAX_SPLITS, tiles) + 1):
+            t = launch_tiles(row_tiles, kv_rows, num_sms, s, head, ts)
             if t < best:
-                best, plan = t, (head, ts)
+                best, plan = t, (s, head, ts)
     return plan
 
 
@@ -637,7 +641,7 @@ def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: in
         if saves and (s72 <= _RN72_MAX_SPLITS or fills):
             impl, layout, tile, s = "rn72", "rows_n", _RN72_ROWS, s72
     if variant == "fused" and impl == "pair" and splits is None:
-        head, ts = choose_tail(blocks, kv, num_sms, s)
+        s, head, ts = choose_tail(blocks, kv, num_sms, s)
         if head:
             return LaunchPlan("fused", impl, layout, tile, s, max(ts, s if s > 1 else 0), 2, head, ts)
     if variant == "fused":

@@ -88,6 +88,24 @@ def references(tree, pl, q, kv):
             for b in sorted({0, q.shape[0] - 1})}
 
 
+def forced_plan(plan: tuple[int, int, int], fn):
+    """``fn`` with a fused pair call's plan forced to ``plan`` = (splits, head, tail_splits)
+    (``launch_plan``'s fields): head/tail by standing in for ``choose_tail`` while ``fn`` runs,
+    uniform (head 0) by forcing the split count (which also keeps ``choose_tail`` out)."""
+    from kdtree import attention
+
+    def call():
+        keep = attention.choose_tail
+        attention.choose_tail = lambda *_: plan
+        attention.launch_plan.cache_clear()
+        try:
+            fn(None if plan[1] else plan[0])
+        finally:
+            attention.choose_tail = keep
+            attention.launch_plan.cache_clear()
+    return call
+
+
 def run_config(variant, tree, pl, q, kv, out, splits=None, impl=None, layout=None):
     """One call of a variant into ``out`` (``torch`` through verify_attention, the rest through
     ``_run_cuda``)."""

@@ -1,11 +1,12 @@
-"""The fused kernel at the split count a committed verify grid ran and at today's ``launch_plan``
-choice, side by side in one process, where the two differ (GPU host).
+"""The fused kernel under the plan a committed verify grid ran (split count, head/tail) and under
+today's ``launch_plan`` choice, side by side in one process, where the two differ (GPU host).
 
     python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv
 
-At each such shape: fresh random inputs (``attention_dev.input_sets``: cold L2), both split counts
+At each such shape: fresh random inputs (``attention_dev.input_sets``: cold L2), both plans
 checked against float64, then timed by CUDA-graph replay, old and new alternating twice (the
-lower of each count's two medians). Shapes where the grid's ``fused`` lost to ``cascade`` first,
+lower of each plan's two medians). A plan is forced as ``attention_dev.forced_plan`` does: a
+uniform one by its split count, a head/tail one (the pair kernel) through ``choose_tail``. Shapes where the grid's ``fused`` lost to ``cascade`` first,
 then the cheapest; one CSV row per shape, written as it is measured (a run cut short keeps what it
 measured); a summary line last.
 """
@@ -18,8 +19,20 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attention_dev import check_config, input_sets, references, run_config, time_config
+from attention_dev import check_config, forced_plan, input_sets, references, run_config, time_configs
 from kdtree.attention import _num_sms, launch_plan
+
+
+def _checked_us(plan, shape, tree, pl, sets, o, refs) -> float:
+    """The median us of a fused call under ``plan`` (splits, head, tail_splits), once its output
+    agreed with the float64 references (else the run stops)."""
+    impl, got = "pair" if plan[1] else None, []
+    forced_plan(plan, lambda s: run_config("fused", tree, pl, *sets[0], o, splits=s, impl=impl))()
+    _, wrong = check_config(refs, o)
+    if wrong:
+        sys.exit(f"{shape} (splits, head, tail_splits)={plan}: {wrong}")
+    forced_plan(plan, lambda s: got.append(time_configs([("fused", impl, s)], tree, pl, sets, o, reps=5)[0]))()
+    return got[0].median_us
 
 
 def main(grid: str, out: str) -> None:
@@ -33,22 +46,20 @@ def main(grid: str, out: str) -> None:
     order = pd.DataFrame({"lost": ~(fused.us > cascade), "work": fused.eval("B * N * H * (P + N)")}).reset_index()
     fused = fused.reset_index().iloc[order.sort_values(["lost", "work"]).index]
     for r in fused.itertuples():
-        new = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=sms).splits
-        if new == r.splits:
+        p = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=sms)
+        old, new = (r.splits, getattr(r, "head", 0), getattr(r, "tail_splits", 0)), (p.splits, p.head, p.tail_splits)
+        if new == old:
             continue
         tree, pl, sets = input_sets(r.B, r.N, r.H, r.P, gen, l2, max_sets=8)
         o = (torch.empty(r.B, r.N, r.H, 512, dtype=torch.bfloat16, device="cuda"),
              torch.empty(r.B, r.N, r.H, dtype=torch.float32, device="cuda"))
         refs = references(tree, pl, *sets[0])
         us = {}
-        for s in (r.splits, new, r.splits, new):
-            run_config("fused", tree, pl, *sets[0], o, splits=s)
-            _, wrong = check_config(refs, o)
-            if wrong:
-                sys.exit(f"{(r.B, r.N, r.H, r.P)} splits={s}: {wrong}")
-            us.setdefault(s, []).append(time_config("fused", tree, pl, sets, o, splits=s, reps=5).median_us)
-        row = dict(B=r.B, N=r.N, H=r.H, P=r.P, old_splits=r.splits, new_splits=new,
-                   old_us=min(us[r.splits]), new_us=min(us[new]))
+        for plan in (old, new, old, new):
+            us.setdefault(plan, []).append(_checked_us(plan, (r.B, r.N, r.H, r.P), tree, pl, sets, o, refs))
+        row = dict(B=r.B, N=r.N, H=r.H, P=r.P, old_splits=old[0], new_splits=new[0], old_head=old[1],
+                   new_head=new[1], old_tail_splits=old[2], new_tail_splits=new[2],
+                   old_us=min(us[old]), new_us=min(us[new]))
         row["new_over_old"] = row["new_us"] / row["old_us"]
         rows.append(row)
         if w is None:

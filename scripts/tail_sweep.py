@@ -17,7 +17,7 @@ import sys
 import pandas as pd
 import torch
 
-from attention_dev import check_config, input_sets, references
+from attention_dev import check_config, forced_plan, input_sets, references
 from kdtree import attention
 from kdtree.bench.attention_sweep import SCALE
 from kdtree.bench.timing import time_graphs
@@ -26,27 +26,14 @@ SHAPES = ["16,9,64,1024", "16,17,64,1024", "4,17,64,4096", "16,17,64,4096", "64,
 COUNTS = 6
 
 
-def _forced(head: int, tail_splits: int, fn):
-    """``fn`` with ``launch_plan`` given the head/tail plan (head, tail_splits); (0, 0): uniform."""
-    def call():
-        keep = attention.choose_tail
-        attention.choose_tail = lambda *_: (head, tail_splits)
-        attention.launch_plan.cache_clear()
-        try:
-            fn()
-        finally:
-            attention.choose_tail = keep
-            attention.launch_plan.cache_clear()
-    return call
-
-
 def _rotating(sets, pl, tree, out):
-    """One fused call on the pair kernel a call, the input sets in turn (cold L2 inside a graph)."""
+    """One fused call on the pair kernel a call (its split count forced where given), the input
+    sets in turn (cold L2 inside a graph)."""
     it = iter(range(1 << 30))
 
-    def call():
+    def call(splits=None):
         q, kv = sets[next(it) % len(sets)]
-        attention._run_cuda("fused", q, kv, pl, tree, SCALE, *out, impl="pair")
+        attention._run_cuda("fused", q, kv, pl, tree, SCALE, *out, splits=splits, impl="pair")
     return call
 
 
@@ -61,24 +48,25 @@ def sweep(shape: str, gen: torch.Generator) -> list[dict]:
     tiles = -(-(P + N) // attention._FUSED_BN)
     counts = range(plan.splits + 1, min(attention._MAX_SPLITS, tiles) + 1)
     step = max(1, -(-len(counts) // COUNTS))
-    plans = [(0, 0)] + [(plan.head, ts) for ts in sorted({*counts[::step], plan.tail_splits})]
+    rt = B * -(-(N * H) // attention._FUSED_BM)
+    uniform = attention.choose_splits(rt, P + N, sms, B * N * H)
+    plans = [(uniform, 0, 0)] + [(plan.splits, plan.head, ts) for ts in sorted({*counts[::step], plan.tail_splits})]
     out = (torch.empty(B, N, H, attention.D_V, dtype=torch.bfloat16, device="cuda"),
            torch.empty(B, N, H, dtype=torch.float32, device="cuda"))
     refs = references(tree, pl, *sets[0])
     calls = []
-    for head, ts in plans:
-        _forced(head, ts, lambda: attention._run_cuda("fused", *sets[0], pl, tree, SCALE, *out, impl="pair"))()
+    for p in plans:
+        forced_plan(p, lambda s: attention._run_cuda("fused", *sets[0], pl, tree, SCALE, *out, splits=s, impl="pair"))()
         _, wrong = check_config(refs, out)
         if wrong:
-            raise AssertionError(f"{shape} head={head} tail_splits={ts}: {wrong}")
-        calls.append(_forced(head, ts, _rotating(sets, pl, tree, out)))
+            raise AssertionError(f"{shape} (splits, head, tail_splits)={p}: {wrong}")
+        calls.append(forced_plan(p, _rotating(sets, pl, tree, out)))
     n = len(sets) * max(1, 8 // len(sets))
     times = time_graphs(calls, reps=15, calls_per_graph=n, warmup=2, l2="cold")
-    rt = B * -(-(N * H) // attention._FUSED_BM)
     rows = []
-    for (head, ts), t in zip(plans, times):
-        model = attention.launch_tiles(rt, P + N, sms, plan.splits, head, ts)
-        rows.append(dict(B=B, N=N, H=H, P=P, splits=plan.splits, head=head, tail_splits=ts, us=t.median_us,
+    for (s, head, ts), t in zip(plans, times):
+        model = attention.launch_tiles(rt, P + N, sms, s, head, ts)
+        rows.append(dict(B=B, N=N, H=H, P=P, splits=s, head=head, tail_splits=ts, us=t.median_us,
                          p20=t.p20_us, p80=t.p80_us, model_tiles=model, sm_clock_mhz=t.sm_clock_mhz))
         print(f"{shape} head={head:4d} tail_splits={ts:2d}: {t.median_us:8.1f} us [{t.p20_us:.1f}, {t.p80_us:.1f}]"
               f"  model {model:6.1f} tiles", flush=True)

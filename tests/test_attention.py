@@ -20,8 +20,9 @@ import kdtree
 import kdtree.kernels
 from attention_cases import (LSE_TOL, REL_TOL, TAIL_CASES, available_kernels, num_sms, random_case, tail_sms,
                              tree_to)
-from kdtree.attention import (D_QK, D_V, SM90_IMPL, _makespan, choose_splits, choose_tail, errors, fused_impl, launch_plan,
-                              reference_attention, rows_n_tile, sm90_impl, verify_attention, _run_cuda)
+from kdtree.attention import (D_QK, D_V, SM90_IMPL, _TAIL_MIN_GAIN, _makespan, choose_splits, choose_tail, errors,
+                              fused_impl, launch_plan, launch_tiles, reference_attention, rows_n_tile, sm90_impl,
+                              verify_attention, _run_cuda)
 from kdtree.tensor_map import bf16_matrix_map
 from kdtree.tree import Tree
 
@@ -249,7 +250,8 @@ def test_choose_splits_keeps_the_counts_timed_faster():
     verify grid; timed side by side (scripts/splits_ab.py on an H200) the grid's counts were faster
     at most of them. The split weight keeps the counts that grid ran at every one of its shapes
     but those where few row blocks now take more than 32 splits in one wave: there, timed side by
-    side on an H100 (scripts/splits_ab.py), the wider count was faster."""
+    side on an H100 (scripts/splits_ab.py), the wider count was faster. (A head/tail plan's head may
+    take fewer.)"""
     pd = pytest.importorskip("pandas")
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     ab = pd.read_csv(os.path.join(root, "splits_ab_h200", "d16c7a4", "splits_ab.csv"))
@@ -267,6 +269,8 @@ def test_choose_splits_keeps_the_counts_timed_faster():
         if plan.splits > 32:
             assert faster.get(k) == plan.splits, k
             moved += 1
+        elif plan.head:   # a head/tail plan's head takes the uniform count or fewer (choose_tail)
+            assert plan.splits <= r.splits, k
         else:
             assert plan.splits == r.splits, k
     assert moved
@@ -294,10 +298,41 @@ def test_choose_tail_fills_the_last_wave():
     p = launch_plan("fused", batch=16, nodes=9, heads=64, kv_rows=1033, num_sms=132)
     assert (p.impl, p.splits, p.head) == ("pair", 1, 132) and 2 <= p.tail_splits <= 17
     assert p.partial_slots == p.tail_splits and p.launches == 2
-    assert choose_tail(row_tiles=528, kv_rows=1057, num_sms=132, splits=1) == (0, 0)   # 4 whole waves
-    assert choose_tail(row_tiles=133, kv_rows=64, num_sms=132, splits=1) == (0, 0)     # one tile a block
-    head, ts = choose_tail(row_tiles=68, kv_rows=4113, num_sms=132, splits=3)          # B = 4, N = 17
-    assert head * 3 == 132 and ts > 3
+    assert choose_tail(row_tiles=528, kv_rows=1057, num_sms=132, splits=1) == (1, 0, 0)   # 4 whole waves
+    assert choose_tail(row_tiles=133, kv_rows=64, num_sms=132, splits=1) == (1, 0, 0)     # one tile a block
+    s, head, ts = choose_tail(row_tiles=68, kv_rows=4113, num_sms=132, splits=3)          # B = 4, N = 17
+    assert s == 3 and head * 3 == 132 and ts > 3
+
+
+def test_choose_tail_may_split_the_head_less():
+    """B = 8, N = 65, H = 8, P = 4096: 72 row tiles of 65 KV tiles run uniform in 3 splits as 216
+    blocks (a wave and two thirds). The head/tail plan fills one wave with 66 row tiles in 2 splits
+    and gives the other 6 one wave of short splits: modelled faster than every uniform count and
+    than every head/tail plan whose head keeps the uniform count."""
+    rt, kv = 72, 4161
+    p = launch_plan("fused", batch=8, nodes=65, heads=8, kv_rows=kv, num_sms=132)
+    assert (p.impl, p.splits, p.head) == ("pair", 2, 66) and p.tail_splits * 6 <= 132
+    assert p.partial_slots == p.tail_splits
+    best = launch_tiles(rt, kv, 132, p.splits, p.head, p.tail_splits)
+    assert all(best < launch_tiles(rt, kv, 132, s) for s in range(1, 33))
+    assert all(best < launch_tiles(rt, kv, 132, 3, head, ts) for head in range(1, rt) for ts in range(4, 33))
+
+
+def test_choose_tail_never_models_slower_than_uniform():
+    """Over random launches, the plan ``choose_tail`` returns is modelled no slower than the uniform
+    launch at its count, a head/tail plan at least ``_TAIL_MIN_GAIN`` faster, and its head fills
+    whole waves (every head block but the last wave's SMs busy)."""
+    rng = random.Random(5)
+    for _ in range(300):
+        rt, kv, sms = rng.randint(1, 600), rng.randint(1, 40000), rng.choice([16, 78, 114, 132])
+        splits = choose_splits(rt, kv, sms)
+        s, head, ts = choose_tail(rt, kv, sms, splits)
+        uniform = launch_tiles(rt, kv, sms, splits)
+        if not head:
+            assert (s, ts) == (splits, 0)
+            continue
+        assert 1 <= s <= splits < ts and 0 < head < rt and head * s >= sms and head * s % sms < s
+        assert launch_tiles(rt, kv, sms, s, head, ts) <= (1 - _TAIL_MIN_GAIN) * uniform
 
 
 def test_tail_sweep_forces_its_plan_only_inside_the_call(monkeypatch):
@@ -309,10 +344,10 @@ def test_tail_sweep_forces_its_plan_only_inside_the_call(monkeypatch):
     sweep = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "scripts", "tail_sweep.py"))
     kw = dict(batch=16, nodes=9, heads=64, kv_rows=1033, num_sms=132, impl="pair")
     chosen, seen = launch_plan("fused", **kw), []
-    for head, ts in ((chosen.head, chosen.tail_splits + 3), (0, 0)):
-        sweep["_forced"](head, ts, lambda: seen.append(kdtree.attention.launch_plan("fused", **kw)))()
-    assert (seen[0].head, seen[0].tail_splits) == (chosen.head, chosen.tail_splits + 3)
-    assert (seen[1].head, seen[1].tail_splits, seen[1].splits) == (0, 0, chosen.splits)
+    for plan in ((chosen.splits + 1, chosen.head, chosen.tail_splits + 3), (2, 0, 0)):
+        sweep["forced_plan"](plan, lambda s: seen.append(kdtree.attention.launch_plan("fused", splits=s, **kw)))()
+    assert (seen[0].splits, seen[0].head, seen[0].tail_splits) == (chosen.splits + 1, chosen.head, chosen.tail_splits + 3)
+    assert (seen[1].head, seen[1].tail_splits, seen[1].splits) == (0, 0, 2)
     assert kdtree.attention.launch_plan("fused", **kw) == chosen
 
 
