@@ -46,9 +46,9 @@ moe-ab, attention-ab: ``scripts/moe_ab.py``'s / ``scripts/attention_ab.py``'s ou
 shape) the medians of both passes of each tree, and each tree's mean over the two against the first
 tree's.
 
-splits-ab: ``scripts/splits_ab.py``'s CSV (the fused kernel at a grid's split count and at
-``choose_splits``'s, timed side by side): new over old time per group of prefix lengths, and the
-shapes where the new count lost.
+splits-ab: ``scripts/splits_ab.py``'s CSV (the fused kernel under a grid's plan, split count and
+head/tail, and under today's ``launch_plan``, timed side by side): new over old time per group of
+prefix lengths, and the shapes where the new plan lost.
 
 impl-vs: a verify grid's ``pair`` rows (``fused_pair``, or ``fused`` in grids from before the
 per-launch choice, when ``fused`` ran ``pair`` everywhere) against ``fused_tma_seq`` at the same
@@ -607,12 +607,13 @@ def ab(log: str) -> str:
 
 def _tail_ab(log: str):
     """An ``attention_ab.py`` log of a head/tail tree (first) against the uniform one (second):
-    per shape (B, N, H, P, the head/tail plan, the measured time ratio: the means of both passes).
+    per shape (B, N, H, P, the head/tail plan, the measured time ratio: the means of both passes);
+    the plan is ``choose_tail``'s with the head at the uniform count, as it was when such logs ran.
     A ``tail_sweep.py`` CSV (``.csv``): per head/tail row, its plan and time over its shape's
     uniform one."""
     from types import SimpleNamespace
 
-    from kdtree.attention import launch_plan
+    from kdtree.attention import _FUSED_BM, choose_splits, choose_tail
 
     if log.endswith(".csv"):
         import pandas as pd
@@ -628,16 +629,20 @@ def _tail_ab(log: str):
         if len(tok) != 13:
             continue
         B, N, H, P = map(int, tok[0].split(","))
-        p = launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132, impl="pair")
-        yield B, N, H, P, p, (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10]))
+        rt = B * -(-(N * H) // _FUSED_BM)   # the plan as those runs had it: the head at the uniform count
+        s, head, ts = choose_tail(rt, P + N, 132, choose_splits(rt, P + N, 132, B * N * H), fewer=False)
+        yield B, N, H, P, SimpleNamespace(splits=s, head=head, tail_splits=ts), (
+            (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10])))
 
 
 def _tail_ratio(B, N, H, P, p, costs=None) -> float:
-    from kdtree.attention import _FUSED_BM, launch_tiles
+    """The plan's modelled time over the uniform launch's at ``choose_splits``' count (the head
+    may take fewer splits)."""
+    from kdtree.attention import _FUSED_BM, choose_splits, launch_tiles
 
     rt = B * -(-(N * H) // _FUSED_BM)
     return (launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits, costs)
-            / launch_tiles(rt, P + N, 132, p.splits, costs=costs))
+            / launch_tiles(rt, P + N, 132, choose_splits(rt, P + N, 132, B * N * H), costs=costs))
 
 
 def tail_model(log: str) -> str:
@@ -855,14 +860,17 @@ def grid_vs(run: str, other: str = "fused_pair") -> str:
 
 def splits_ab(csv: str) -> str:
     d = pd.read_csv(csv)
-    out = [f"From `{csv}` ({len(d)} shapes where the split count moved; the lower of two medians each):", "",
+    if "old_head" not in d:   # CSVs from before plans with a head/tail were compared: uniform plans
+        d = d.assign(old_head=0, new_head=0, old_tail_splits=0, new_tail_splits=0)
+    out = [f"From `{csv}` ({len(d)} shapes where the plan moved; the lower of two medians each):", "",
            "| P | shapes | new / old min / median / max | new slower at |", "|---|---|---|---|"]
     for p, g in d.groupby("P"):
         out.append(f"| {p} | {len(g)} | {_spread(g.new_over_old)} | {int((g.new_over_old > 1).sum())} |")
     out.append(f"| all | {len(d)} | {_spread(d.new_over_old)} | {int((d.new_over_old > 1).sum())} |")
     lost = d[d.new_over_old > 1]
-    out += ["", "Slower with the new count: " + ("none" if lost.empty else "; ".join(
-        f"B={r.B} N={r.N} H={r.H} P={r.P} ({r.old_splits} -> {r.new_splits} splits, {r.new_over_old:.3f})"
+    out += ["", "Slower with the new plan: " + ("none" if lost.empty else "; ".join(
+        f"B={r.B} N={r.N} H={r.H} P={r.P} ((splits, head, tail splits) ({r.old_splits}, {r.old_head}, "
+        f"{r.old_tail_splits}) -> ({r.new_splits}, {r.new_head}, {r.new_tail_splits}), {r.new_over_old:.3f})"
         for r in lost.itertuples()))]
     return "\n".join(out)
 

@@ -404,10 +404,11 @@ def test_the_tail_fit_finds_the_constants_a_sweep_was_made_with(tmp_path, monkey
         B, N, H, P = (int(v) for v in shape.split(","))
         plan = attention.launch_plan("fused", batch=B, nodes=N, heads=H, kv_rows=P + N, num_sms=132, impl="pair")
         rt = B * -(-(N * H) // attention._FUSED_BM)
-        for head, ts in [(0, 0)] + [(plan.head, plan.tail_splits + d) for d in (-1, 0, 2, 5) if plan.tail_splits + d
-                                    > plan.splits]:
-            rows.append(dict(B=B, N=N, H=H, P=P, splits=plan.splits, head=head, tail_splits=ts,
-                             us=1.75 * attention.launch_tiles(rt, P + N, 132, plan.splits, head, ts, made)))
+        uniform = attention.choose_splits(rt, P + N, 132, B * N * H)
+        for s, head, ts in [(uniform, 0, 0)] + [(plan.splits, plan.head, plan.tail_splits + d) for d in (-1, 0, 2, 5)
+                                                if plan.tail_splits + d > plan.splits]:
+            rows.append(dict(B=B, N=N, H=H, P=P, splits=s, head=head, tail_splits=ts,
+                             us=1.75 * attention.launch_tiles(rt, P + N, 132, s, head, ts, made)))
     path = tmp_path / "tail_sweep.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
     text = PERF_TABLES["tail_fit"](str(path))
