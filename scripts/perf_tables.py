@@ -864,9 +864,13 @@ def splits_ab(csv: str) -> str:
         d = d.assign(old_head=0, new_head=0, old_tail_splits=0, new_tail_splits=0)
     out = [f"From `{csv}` ({len(d)} shapes where the plan moved; the lower of two medians each):", "",
            "| P | shapes | new / old min / median / max | new slower at |", "|---|---|---|---|"]
-    for p, g in d.groupby("P"):
-        out.append(f"| {p} | {len(g)} | {_spread(g.new_over_old)} | {int((g.new_over_old > 1).sum())} |")
-    out.append(f"| all | {len(d)} | {_spread(d.new_over_old)} | {int((d.new_over_old > 1).sum())} |")
+    model = "model_new_over_old" in d
+    if model:   # the model's ratio beside the measured one
+        out[2:4] = ["| P | shapes | new / old min / median / max | model new / old min / median / max | new slower at |",
+                    "|---|---|---|---|---|"]
+    for p, g in list(d.groupby("P")) + [("all", d)]:
+        out.append(f"| {p} | {len(g)} | {_spread(g.new_over_old)} | "
+                   + (f"{_spread(g.model_new_over_old)} | " if model else "") + f"{int((g.new_over_old > 1).sum())} |")
     lost = d[d.new_over_old > 1]
     out += ["", "Slower with the new plan: " + ("none" if lost.empty else "; ".join(
         f"B={r.B} N={r.N} H={r.H} P={r.P} ((splits, head, tail splits) ({r.old_splits}, {r.old_head}, "

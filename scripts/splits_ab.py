@@ -5,7 +5,8 @@ today's ``launch_plan`` choice, side by side in one process, where the two diffe
 
 At each such shape: fresh random inputs (``attention_dev.input_sets``: cold L2), both plans
 checked against float64, then timed by CUDA-graph replay, old and new alternating twice (the
-lower of each plan's two medians). A plan is forced as ``attention_dev.forced_plan`` does: a
+lower of each plan's two medians), with the time ``choose_tail``'s model
+(``launch_tiles``) gives the new plan over the old. A plan is forced as ``attention_dev.forced_plan`` does: a
 uniform one by its split count, a head/tail one (the pair kernel) through ``choose_tail``. Shapes where the grid's ``fused`` lost to ``cascade`` first,
 then the cheapest; one CSV row per shape, written as it is measured (a run cut short keeps what it
 measured); a summary line last.
@@ -20,7 +21,7 @@ import pandas as pd
 import torch
 
 from attention_dev import check_config, forced_plan, input_sets, references, run_config, time_configs
-from kdtree.attention import _num_sms, launch_plan
+from kdtree.attention import _FUSED_BM, _num_sms, launch_plan, launch_tiles
 
 
 def _checked_us(plan, shape, tree, pl, sets, o, refs) -> float:
@@ -61,6 +62,8 @@ def main(grid: str, out: str) -> None:
                    new_head=new[1], old_tail_splits=old[2], new_tail_splits=new[2],
                    old_us=min(us[old]), new_us=min(us[new]))
         row["new_over_old"] = row["new_us"] / row["old_us"]
+        rt = r.B * -(-(r.N * r.H) // _FUSED_BM)   # the model's row tiles: 64 rows (launch_tiles)
+        row["model_new_over_old"] = launch_tiles(rt, r.P + r.N, sms, *new) / launch_tiles(rt, r.P + r.N, sms, *old)
         rows.append(row)
         if w is None:
             w = csv.DictWriter(f, fieldnames=list(row))

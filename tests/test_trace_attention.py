@@ -525,3 +525,30 @@ def test_rn72_rule_table_counts_every_timed_shape_once():
             counts[run] = counts.get(run, 0) + sum(int(c.split(",")[0]) for c in cells[2:])
     assert counts == {r.parent.name: len(pd.read_csv(r).groupby(["B", "N", "H", "P"])) for r in runs}
     assert table.endswith("Given rn72 but timed slower: none")
+
+
+def test_splits_ab_table_groups_by_prefix_and_names_each_slower_plan(tmp_path):
+    """perf_tables splits-ab on a plan A/B CSV: a row per prefix and one for all, measured and
+    modelled spreads, and the shapes where the new plan lost named with both plans; a CSV from
+    before head/tail plans were compared reads as uniform plans."""
+    import pandas as pd
+
+    rows = [dict(B=8, N=65, H=8, P=4096, old_splits=3, new_splits=2, old_head=0, new_head=66, old_tail_splits=0,
+                 new_tail_splits=22, old_us=94.0, new_us=80.0, new_over_old=80 / 94, model_new_over_old=0.84),
+            dict(B=8, N=65, H=16, P=4096, old_splits=3, new_splits=1, old_head=132, new_head=132, old_tail_splits=22,
+                 new_tail_splits=22, old_us=159.0, new_us=163.0, new_over_old=163 / 159, model_new_over_old=0.94),
+            dict(B=8, N=65, H=16, P=16384, old_splits=6, new_splits=1, old_head=132, new_head=132, old_tail_splits=29,
+                 new_tail_splits=29, old_us=560.0, new_us=530.0, new_over_old=530 / 560, model_new_over_old=0.96)]
+    path = tmp_path / "ab.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    text = PERF_TABLES["splits_ab"](str(path))
+    table = [line.split("|")[1:-1] for line in text.splitlines() if re.match(r"\| (\d+|all) \|", line)]
+    assert [c[0].strip() for c in table] == ["4096", "16384", "all"]
+    assert [int(c[1]) for c in table] == [2, 1, 3] and [int(c[4]) for c in table] == [1, 0, 1]
+    assert table[2][3].strip() == "0.84 / 0.94 / 0.96"
+    assert text.splitlines()[-1] == ("Slower with the new plan: B=8 N=65 H=16 P=4096 ((splits, head, tail splits) "
+                                     "(3, 132, 22) -> (1, 132, 22), 1.025)")
+    old = pd.DataFrame(rows).drop(columns=["old_head", "new_head", "old_tail_splits", "new_tail_splits",
+                                           "model_new_over_old"])
+    old.to_csv(path, index=False)
+    assert "(3, 0, 0) -> (1, 0, 0), 1.025" in PERF_TABLES["splits_ab"](str(path))
