@@ -1,15 +1,16 @@
 """The fused kernel under the plan a committed verify grid ran (split count, head/tail) and under
 today's ``launch_plan`` choice, side by side in one process, where the two differ (GPU host).
 
-    python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv
+    python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv ["B,N,H,P;..."]
 
 At each such shape: fresh random inputs (``attention_dev.input_sets``: cold L2), both plans
 checked against float64, then timed by CUDA-graph replay, old and new alternating twice (the
-lower of each plan's two medians), with the time ``choose_tail``'s model
-(``launch_tiles``) gives the new plan over the old. A plan is forced as ``attention_dev.forced_plan`` does: a
-uniform one by its split count, a head/tail one (the pair kernel) through ``choose_tail``. Shapes where the grid's ``fused`` lost to ``cascade`` first,
-then the cheapest; one CSV row per shape, written as it is measured (a run cut short keeps what it
-measured); a summary line last.
+lower of each plan's two medians), with the time ``choose_tail``'s model (``launch_tiles``)
+gives the new plan over the old. A plan is forced as ``attention_dev.forced_plan`` does: a
+uniform one by its split count, a head/tail one (the pair kernel) through ``choose_tail``.
+Shapes where the grid's ``fused`` lost to ``cascade`` first, then the cheapest; one CSV row per
+shape, written as it is measured (a run cut short keeps what it measured); a summary line last.
+A third argument keeps only the shapes it lists.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def _checked_us(plan, shape, tree, pl, sets, o, refs) -> float:
     return got[0].median_us
 
 
-def main(grid: str, out: str) -> None:
+def main(grid: str, out: str, shapes: str = "") -> None:
     d = pd.read_parquet(next(Path(grid).glob("*.parquet")))
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     gen = torch.Generator().manual_seed(11)
@@ -46,7 +47,10 @@ def main(grid: str, out: str) -> None:
     # Shapes where fused lost to cascade first, then the cheapest
     order = pd.DataFrame({"lost": ~(fused.us > cascade), "work": fused.eval("B * N * H * (P + N)")}).reset_index()
     fused = fused.reset_index().iloc[order.sort_values(["lost", "work"]).index]
+    only = {tuple(int(v) for v in sh.split(",")) for sh in shapes.split(";") if sh}
     for r in fused.itertuples():
+        if only and (r.B, r.N, r.H, r.P) not in only:
+            continue
         p = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=sms)
         old, new = (r.splits, getattr(r, "head", 0), getattr(r, "tail_splits", 0)), (p.splits, p.head, p.tail_splits)
         if new == old:
