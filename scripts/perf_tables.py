@@ -608,7 +608,7 @@ def ab(log: str) -> str:
 def _tail_ab(log: str):
     """An ``attention_ab.py`` log of a head/tail tree (first) against the uniform one (second):
     per shape (B, N, H, P, the head/tail plan, the measured time ratio: the means of both passes);
-    the plan is ``choose_tail``'s with the head at the uniform count, as it was when such logs ran.
+    the plan is ``choose_tail``'s with the head at the uniform count (no ``fewer``), as those runs had it.
     A ``tail_sweep.py`` CSV (``.csv``): per head/tail row, its plan and time over its shape's
     uniform one."""
     from types import SimpleNamespace
@@ -630,7 +630,7 @@ def _tail_ab(log: str):
             continue
         B, N, H, P = map(int, tok[0].split(","))
         rt = B * -(-(N * H) // _FUSED_BM)   # the plan as those runs had it: the head at the uniform count
-        s, head, ts = choose_tail(rt, P + N, 132, choose_splits(rt, P + N, 132, B * N * H), fewer=False)
+        s, head, ts = choose_tail(rt, P + N, 132, choose_splits(rt, P + N, 132, B * N * H))
         yield B, N, H, P, SimpleNamespace(splits=s, head=head, tail_splits=ts), (
             (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10])))
 

@@ -250,8 +250,7 @@ def test_choose_splits_keeps_the_counts_timed_faster():
     verify grid; timed side by side (scripts/splits_ab.py on an H200) the grid's counts were faster
     at most of them. The split weight keeps the counts that grid ran at every one of its shapes
     but those where few row blocks now take more than 32 splits in one wave: there, timed side by
-    side on an H100 (scripts/splits_ab.py), the wider count was faster. (A head/tail plan's head may
-    take fewer.)"""
+    side on an H100 (scripts/splits_ab.py), the wider count was faster."""
     pd = pytest.importorskip("pandas")
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     ab = pd.read_csv(os.path.join(root, "splits_ab_h200", "d16c7a4", "splits_ab.csv"))
@@ -269,8 +268,6 @@ def test_choose_splits_keeps_the_counts_timed_faster():
         if plan.splits > 32:
             assert faster.get(k) == plan.splits, k
             moved += 1
-        elif plan.head:   # a head/tail plan's head takes the uniform count or fewer (choose_tail)
-            assert plan.splits <= r.splits, k
         else:
             assert plan.splits == r.splits, k
     assert moved
@@ -306,14 +303,15 @@ def test_choose_tail_fills_the_last_wave():
 
 def test_choose_tail_may_split_the_head_less():
     """B = 8, N = 65, H = 8, P = 4096: 72 row tiles of 65 KV tiles run uniform in 3 splits as 216
-    blocks (a wave and two thirds). The head/tail plan fills one wave with 66 row tiles in 2 splits
-    and gives the other 6 one wave of short splits: modelled faster than every uniform count and
-    than every head/tail plan whose head keeps the uniform count."""
+    blocks (a wave and two thirds), and no head at 3 splits saves enough. With ``fewer`` the plan
+    fills one wave with 66 row tiles in 2 splits and gives the other 6 one wave of short splits:
+    modelled faster than every uniform count and every head/tail plan whose head keeps 3 splits."""
     rt, kv = 72, 4161
-    p = launch_plan("fused", batch=8, nodes=65, heads=8, kv_rows=kv, num_sms=132)
-    assert (p.impl, p.splits, p.head) == ("pair", 2, 66) and p.tail_splits * 6 <= 132
-    assert p.partial_slots == p.tail_splits
-    best = launch_tiles(rt, kv, 132, p.splits, p.head, p.tail_splits)
+    splits = choose_splits(rt, kv, 132, 8 * 65 * 8)
+    assert splits == 3 and choose_tail(rt, kv, 132, splits) == (3, 0, 0)
+    s, head, ts = choose_tail(rt, kv, 132, splits, fewer=True)
+    assert (s, head) == (2, 66) and ts * 6 <= 132
+    best = launch_tiles(rt, kv, 132, s, head, ts)
     assert all(best < launch_tiles(rt, kv, 132, s) for s in range(1, 33))
     assert all(best < launch_tiles(rt, kv, 132, 3, head, ts) for head in range(1, rt) for ts in range(4, 33))
 
@@ -321,18 +319,22 @@ def test_choose_tail_may_split_the_head_less():
 def test_choose_tail_never_models_slower_than_uniform():
     """Over random launches, the plan ``choose_tail`` returns is modelled no slower than the uniform
     launch at its count, a head/tail plan at least ``_TAIL_MIN_GAIN`` faster, and its head fills
-    whole waves (every head block but the last wave's SMs busy)."""
+    whole waves (every head block but the last wave's SMs busy); with ``fewer`` the head may take
+    fewer splits, and the plan is modelled no slower than without."""
     rng = random.Random(5)
     for _ in range(300):
         rt, kv, sms = rng.randint(1, 600), rng.randint(1, 40000), rng.choice([16, 78, 114, 132])
         splits = choose_splits(rt, kv, sms)
-        s, head, ts = choose_tail(rt, kv, sms, splits)
         uniform = launch_tiles(rt, kv, sms, splits)
-        if not head:
-            assert (s, ts) == (splits, 0)
-            continue
-        assert 1 <= s <= splits < ts and 0 < head < rt and head * s >= sms and head * s % sms < s
-        assert launch_tiles(rt, kv, sms, s, head, ts) <= (1 - _TAIL_MIN_GAIN) * uniform
+        plans = [choose_tail(rt, kv, sms, splits), choose_tail(rt, kv, sms, splits, fewer=True)]
+        for (s, head, ts), fewer in zip(plans, (False, True)):
+            if not head:
+                assert (s, ts) == (splits, 0)
+                continue
+            assert 1 <= s <= splits < ts and 0 < head < rt and head * s >= sms and head * s % sms < s
+            assert s == splits or fewer
+            assert launch_tiles(rt, kv, sms, s, head, ts) <= (1 - _TAIL_MIN_GAIN) * uniform
+        assert launch_tiles(rt, kv, sms, *plans[1]) <= launch_tiles(rt, kv, sms, *plans[0])
 
 
 def test_tail_sweep_forces_its_plan_only_inside_the_call(monkeypatch):
@@ -346,7 +348,8 @@ def test_tail_sweep_forces_its_plan_only_inside_the_call(monkeypatch):
     chosen, seen = launch_plan("fused", **kw), []
     for plan in ((chosen.splits + 1, chosen.head, chosen.tail_splits + 3), (2, 0, 0)):
         sweep["forced_plan"](plan, lambda s: seen.append(kdtree.attention.launch_plan("fused", splits=s, **kw)))()
-    assert (seen[0].splits, seen[0].head, seen[0].tail_splits) == (chosen.splits + 1, chosen.head, chosen.tail_splits + 3)
+    assert (seen[0].splits, seen[0].head, seen[0].tail_splits) == (chosen.splits + 1, chosen.head,
+                                                                   chosen.tail_splits + 3)
     assert (seen[1].head, seen[1].tail_splits, seen[1].splits) == (0, 0, 2)
     assert kdtree.attention.launch_plan("fused", **kw) == chosen
 
