@@ -17,6 +17,7 @@
     python scripts/perf_tables.py rn72-stalls results/ncu_stalls_h100/rn72_9b1b4a4/rn72_source.csv.gz
     python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
     python scripts/perf_tables.py rn72-rule results/verify_attention_dev_h100/rn72_rows_a3f8683/dev.csv
+    python scripts/perf_tables.py tail-fewer results/verify_table_h100/da7c365
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -657,6 +658,26 @@ def tail_model(log: str) -> str:
     return "\n".join(out)
 
 
+def tail_fewer(run: str) -> str:
+    """A verify grid's ``fused`` rows on the pair kernel where ``choose_tail`` with ``fewer`` (heads
+    of fewer splits) plans otherwise than the grid ran: both plans, the new one's modelled time over
+    the old's (``launch_tiles``, KV tile periods) and the grid's time: the prediction a timed A/B
+    of ``fewer`` checks (``scripts/splits_ab.py``)."""
+    from kdtree.attention import _FUSED_BM, choose_splits, choose_tail, launch_tiles
+
+    d = pd.read_parquet(next(Path(run).glob("*.parquet")))
+    out = [f"From `{run}` (`fused` on pair; (splits, head row tiles, tail splits), 132 SMs):", "",
+           "| B, N, H, P | as run | with `fewer` | model new / old | us as run |", "|---|---|---|---|---|"]
+    for r in d[(d.config == "fused") & (d.impl == "pair")].itertuples():
+        rt, kv = r.B * -(-(r.N * r.H) // _FUSED_BM), r.P + r.N
+        old = (r.splits, r.head, r.tail_splits)
+        new = choose_tail(rt, kv, 132, choose_splits(rt, kv, 132, r.B * r.N * r.H), fewer=True)
+        if new != old:
+            out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {', '.join(map(str, old))} | {', '.join(map(str, new))} | "
+                       f"{launch_tiles(rt, kv, 132, *new) / launch_tiles(rt, kv, 132, *old):.2f} | {r.us:.1f} |")
+    return "\n".join(out)
+
+
 def tail_fit(log: str) -> str:
     """``launch_tiles``' block, partial and combine costs (KV tile periods) fitted to the measured
     head/tail over uniform ratios of ``log`` (least squares over a grid of values), the plans held
@@ -1022,7 +1043,8 @@ if __name__ == "__main__":
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
              "moe-read": moe_read,
-             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "rn72-stalls": rn72_stalls,
+             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "tail-fewer": tail_fewer,
+             "rn72-stalls": rn72_stalls,
              "rn72-rule": rn72_rule}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     many = {"rn72-rule"}   # kinds that read one run or more

@@ -552,3 +552,14 @@ def test_splits_ab_table_groups_by_prefix_and_names_each_slower_plan(tmp_path):
                                            "model_new_over_old"])
     old.to_csv(path, index=False)
     assert "(3, 0, 0) -> (1, 0, 0), 1.025" in PERF_TABLES["splits_ab"](str(path))
+
+
+def test_tail_fewer_lists_only_the_plans_fewer_moves_and_models_none_slower():
+    """perf_tables tail-fewer on the committed H100 grid: one row per pair shape whose plan
+    ``fewer`` moves, never the plan the grid ran, none modelled slower, and the B = 8 shard of
+    ``test_choose_tail_may_split_the_head_less`` among them with its head of 2 splits."""
+    text = PERF_TABLES["tail_fewer"](str(ROOT / "results" / "verify_table_h100" / "da7c365"))
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if re.match(r"\| \d+, ", line)]
+    assert rows and all(r[1] != r[2] and float(r[3]) <= 1.0 for r in rows)
+    assert ["8, 65, 8, 4096", "3, 0, 0"] == rows[[r[0] for r in rows].index("8, 65, 8, 4096")][:2]
+    assert any(r[0] == "8, 65, 8, 4096" and r[2].startswith("2, 66, ") for r in rows)
