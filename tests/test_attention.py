@@ -1218,3 +1218,20 @@ def test_compute_sanitizer(tool, kernel):
                else "ERROR SUMMARY: 0 errors")
     assert summary in log
     assert "FAIL" not in log and " ok" in log and res.returncode == 0
+
+
+def test_launch_plan_gives_the_head_tail_plans_the_h100_grid_ran():
+    """At every shape where the committed H100 grid (da7c365) ran ``fused`` on the pair kernel and
+    ``launch_plan`` still picks pair, it gives the plan that grid ran: split count, head and tail
+    splits (``choose_tail`` without ``fewer`` keeps the rule it ran under)."""
+    pd = pytest.importorskip("pandas")
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    d = pd.read_parquet(os.path.join(root, "verify_table_h100", "da7c365", "verify_table_h100.parquet"))
+    rows = d[(d.config == "fused") & (d.impl == "pair")]
+    same = heads = 0
+    for r in rows.itertuples():
+        p = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=132)
+        if p.impl == "pair":
+            assert (p.splits, p.head, p.tail_splits) == (r.splits, r.head, r.tail_splits), (r.B, r.N, r.H, r.P)
+            same, heads = same + 1, heads + (r.head > 0)
+    assert same > 100 and heads >= 8
