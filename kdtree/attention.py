@@ -358,9 +358,9 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int, fewer: 
     splits : int
         The uniform launch's split count (``choose_splits``): the most the head takes.
     fewer : bool
-        Also heads of fewer splits. Modelled up to 16% faster at grid shapes (B = 8 shards at
-        P = 4096) but not yet timed on a GPU, so ``launch_plan`` leaves it off (docs/perf_log.md,
-        session 42).
+        Also heads of fewer splits. Modelled faster at some grid shapes (B = 8 shards at P = 4096;
+        ``scripts/perf_tables.py tail-fewer``) but not yet timed on a GPU, so ``launch_plan`` leaves
+        it off (docs/perf_log.md, session 42).
 
     Returns
     -------
