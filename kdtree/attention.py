@@ -329,7 +329,7 @@ def _makespan(head_blocks: int, head_cost: float, tail_blocks: int, tail_cost: f
     return max(end, best)
 
 
-def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int, fewer: bool = False) -> tuple[int, int, int]:
+def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int, fewer: bool = True) -> tuple[int, int, int]:
     """A head/tail schedule for a fused launch of ``row_tiles`` (row tile, sequence) blocks whose
     uniform split count is ``splits``: ``(head_splits, head, tail_splits)``, or ``(splits, 0, 0)``
     to keep the uniform launch.
@@ -339,11 +339,11 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int, fewer: 
     head/tail launch (``fused_block_ht``) runs the first ``head`` row tiles in ``head_splits``
     splits, all its waves but the last whole, and the rest, the tail, in ``tail_splits`` short
     blocks that the SMs take as they free: 132 whole row tiles, then 12 row tiles in 9 splits of 2
-    tiles, one short block an SM. The head keeps the uniform count unless ``fewer``: then each
+    tiles, one short block an SM. The head may take fewer splits than the uniform launch: each
     count from ``splits`` down to 1 is tried with the head that leaves one wave to the tail. 72 row
     tiles of 65 KV tiles (B = 8, N = 65, H = 8, P = 4096) run uniform in 3 splits as 216 blocks of
-    22 tiles, a wave and two thirds; with ``fewer``, a head of 66 row tiles in 2 splits fills one
-    wave with blocks of 33 tiles and the other 6 row tiles follow in 22 splits of 3 tiles.
+    22 tiles, a wave and two thirds; the plan runs a head of 66 row tiles in 2 splits, one wave of
+    blocks of 33 tiles, and the other 6 row tiles follow in 22 splits of 3 tiles.
     Modelled in KV tile periods (``_makespan``, ``_BLOCK_TILES``...); a tail plan replaces the
     uniform one only where it saves at least ``_TAIL_MIN_GAIN`` of its time.
 
@@ -358,9 +358,10 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int, fewer: 
     splits : int
         The uniform launch's split count (``choose_splits``): the most the head takes.
     fewer : bool
-        Also heads of fewer splits. Modelled faster at some grid shapes (B = 8 shards at P = 4096;
-        ``scripts/perf_tables.py tail-fewer``) but not yet timed on a GPU, so ``launch_plan`` leaves
-        it off (docs/perf_log.md, session 42).
+        Try heads of fewer splits than ``splits`` (the default). Timed on an H100 at every shape of
+        the verify grid where it moves the plan, faster than the plan with the head at ``splits``
+        at each (``results/splits_ab_h100/fewer_26998f2``). False gives that older plan, the one
+        earlier runs had (``scripts/perf_tables.py`` reads their logs with it).
 
     Returns
     -------

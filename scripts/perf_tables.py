@@ -631,7 +631,7 @@ def _tail_ab(log: str):
             continue
         B, N, H, P = map(int, tok[0].split(","))
         rt = B * -(-(N * H) // _FUSED_BM)   # the plan as those runs had it: the head at the uniform count
-        s, head, ts = choose_tail(rt, P + N, 132, choose_splits(rt, P + N, 132, B * N * H))
+        s, head, ts = choose_tail(rt, P + N, 132, choose_splits(rt, P + N, 132, B * N * H), fewer=False)
         yield B, N, H, P, SimpleNamespace(splits=s, head=head, tail_splits=ts), (
             (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10])))
 

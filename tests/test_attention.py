@@ -249,8 +249,9 @@ def test_choose_splits_keeps_the_counts_timed_faster():
     """With bf16 partials, weighing a partial row at its 1 KB picked more splits at 25 shapes of the
     verify grid; timed side by side (scripts/splits_ab.py on an H200) the grid's counts were faster
     at most of them. The split weight keeps the counts that grid ran at every one of its shapes
-    but those where few row blocks now take more than 32 splits in one wave: there, timed side by
-    side on an H100 (scripts/splits_ab.py), the wider count was faster."""
+    (a head/tail plan starts from it) but those where few row blocks now take more than 32 splits
+    in one wave: there, timed side by side on an H100 (scripts/splits_ab.py), the wider count was
+    faster."""
     pd = pytest.importorskip("pandas")
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     ab = pd.read_csv(os.path.join(root, "splits_ab_h200", "d16c7a4", "splits_ab.csv"))
@@ -268,6 +269,9 @@ def test_choose_splits_keeps_the_counts_timed_faster():
         if plan.splits > 32:
             assert faster.get(k) == plan.splits, k
             moved += 1
+        elif plan.head:   # a head/tail plan, whose head may take fewer splits: planned from the grid's count
+            rt = r.B * -(-(r.N * r.H) // 64)
+            assert choose_tail(rt, r.P + r.N, 132, r.splits) == (plan.splits, plan.head, plan.tail_splits), k
         else:
             assert plan.splits == r.splits, k
     assert moved
@@ -303,13 +307,13 @@ def test_choose_tail_fills_the_last_wave():
 
 def test_choose_tail_may_split_the_head_less():
     """B = 8, N = 65, H = 8, P = 4096: 72 row tiles of 65 KV tiles run uniform in 3 splits as 216
-    blocks (a wave and two thirds), and no head at 3 splits saves enough. With ``fewer`` the plan
+    blocks (a wave and two thirds), and no head at 3 splits saves enough (``fewer=False``). The plan
     fills one wave with 66 row tiles in 2 splits and gives the other 6 one wave of short splits:
     modelled faster than every uniform count and every head/tail plan whose head keeps 3 splits."""
     rt, kv = 72, 4161
     splits = choose_splits(rt, kv, 132, 8 * 65 * 8)
-    assert splits == 3 and choose_tail(rt, kv, 132, splits) == (3, 0, 0)
-    s, head, ts = choose_tail(rt, kv, 132, splits, fewer=True)
+    assert splits == 3 and choose_tail(rt, kv, 132, splits, fewer=False) == (3, 0, 0)
+    s, head, ts = choose_tail(rt, kv, 132, splits)
     assert (s, head) == (2, 66) and ts * 6 <= 132
     best = launch_tiles(rt, kv, 132, s, head, ts)
     assert all(best < launch_tiles(rt, kv, 132, s) for s in range(1, 33))
@@ -326,7 +330,7 @@ def test_choose_tail_never_models_slower_than_uniform():
         rt, kv, sms = rng.randint(1, 600), rng.randint(1, 40000), rng.choice([16, 78, 114, 132])
         splits = choose_splits(rt, kv, sms)
         uniform = launch_tiles(rt, kv, sms, splits)
-        plans = [choose_tail(rt, kv, sms, splits), choose_tail(rt, kv, sms, splits, fewer=True)]
+        plans = [choose_tail(rt, kv, sms, splits, fewer=False), choose_tail(rt, kv, sms, splits)]
         for (s, head, ts), fewer in zip(plans, (False, True)):
             if not head:
                 assert (s, ts) == (splits, 0)
@@ -1220,18 +1224,33 @@ def test_compute_sanitizer(tool, kernel):
     assert "FAIL" not in log and " ok" in log and res.returncode == 0
 
 
-def test_launch_plan_gives_the_head_tail_plans_the_h100_grid_ran():
+def test_launch_plan_moves_the_h100_grid_plans_only_where_timed_faster():
     """At every shape where the committed H100 grid (da7c365) ran ``fused`` on the pair kernel and
-    ``launch_plan`` still picks pair, it gives the plan that grid ran: split count, head and tail
-    splits (``choose_tail`` without ``fewer`` keeps the rule it ran under)."""
+    ``launch_plan`` still picks pair: ``choose_tail`` with ``fewer=False`` gives the plan that grid
+    ran (split count, head and tail splits; the rule old logs are read with), and where today's
+    plan differs, the committed A/B (``scripts/splits_ab.py``) timed that very plan against the
+    grid's at that shape and found it faster."""
     pd = pytest.importorskip("pandas")
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     d = pd.read_parquet(os.path.join(root, "verify_table_h100", "da7c365", "verify_table_h100.parquet"))
-    rows = d[(d.config == "fused") & (d.impl == "pair")]
-    same = heads = 0
-    for r in rows.itertuples():
+    ab = pd.read_csv(os.path.join(root, "splits_ab_h100", "fewer_26998f2", "splits_ab.csv")).set_index(
+        ["B", "N", "H", "P"])
+    same = moved = 0
+    for r in d[(d.config == "fused") & (d.impl == "pair")].itertuples():
         p = launch_plan("fused", batch=r.B, nodes=r.N, heads=r.H, kv_rows=r.P + r.N, num_sms=132)
-        if p.impl == "pair":
-            assert (p.splits, p.head, p.tail_splits) == (r.splits, r.head, r.tail_splits), (r.B, r.N, r.H, r.P)
-            same, heads = same + 1, heads + (r.head > 0)
-    assert same > 100 and heads >= 8
+        if p.impl != "pair":
+            continue
+        rt = r.B * -(-(r.N * r.H) // 64)
+        old = (r.splits, r.head, r.tail_splits)
+        assert choose_tail(rt, r.P + r.N, 132, choose_splits(rt, r.P + r.N, 132, r.B * r.N * r.H),
+                           fewer=False) == old, (r.B, r.N, r.H, r.P)
+        new = (p.splits, p.head, p.tail_splits)
+        if new == old:
+            same += 1
+            continue
+        a = ab.loc[(r.B, r.N, r.H, r.P)]
+        assert (a.old_splits, a.old_head, a.old_tail_splits) == old, (r.B, r.N, r.H, r.P)
+        assert (a.new_splits, a.new_head, a.new_tail_splits) == new, (r.B, r.N, r.H, r.P)
+        assert a.new_us < a.old_us, (r.B, r.N, r.H, r.P)
+        moved += 1
+    assert same > 100 and moved == len(ab) >= 10
