@@ -892,6 +892,12 @@ def splits_ab(csv: str) -> str:
     for p, g in list(d.groupby("P")) + [("all", d)]:
         out.append(f"| {p} | {len(g)} | {_spread(g.new_over_old)} | "
                    + (f"{_spread(g.model_new_over_old)} | " if model else "") + f"{int((g.new_over_old > 1).sum())} |")
+    if model:   # per shape: both plans, the measured and the modelled ratio
+        out += ["", "| B, N, H, P | old plan | new plan | old us | new us | new / old | model new / old |",
+                "|---|---|---|---|---|---|---|"]
+        out += [f"| {r.B}, {r.N}, {r.H}, {r.P} | {r.old_splits}, {r.old_head}, {r.old_tail_splits} | {r.new_splits}, "
+                f"{r.new_head}, {r.new_tail_splits} | {r.old_us:.1f} | {r.new_us:.1f} | {r.new_over_old:.3f} | "
+                f"{r.model_new_over_old:.2f} |" for r in d.itertuples()]
     lost = d[d.new_over_old > 1]
     out += ["", "Slower with the new plan: " + ("none" if lost.empty else "; ".join(
         f"B={r.B} N={r.N} H={r.H} P={r.P} ((splits, head, tail splits) ({r.old_splits}, {r.old_head}, "

@@ -529,7 +529,8 @@ def test_rn72_rule_table_counts_every_timed_shape_once():
 
 def test_splits_ab_table_groups_by_prefix_and_names_each_slower_plan(tmp_path):
     """perf_tables splits-ab on a plan A/B CSV: a row per prefix and one for all, measured and
-    modelled spreads, and the shapes where the new plan lost named with both plans; a CSV from
+    modelled spreads, a row per shape with both plans, and the shapes where the new plan lost
+    named with both plans; a CSV from
     before head/tail plans were compared reads as uniform plans."""
     import pandas as pd
 
@@ -546,6 +547,7 @@ def test_splits_ab_table_groups_by_prefix_and_names_each_slower_plan(tmp_path):
     assert [c[0].strip() for c in table] == ["4096", "16384", "all"]
     assert [int(c[1]) for c in table] == [2, 1, 3] and [int(c[4]) for c in table] == [1, 0, 1]
     assert table[2][3].strip() == "0.84 / 0.94 / 0.96"
+    assert "| 8, 65, 16, 4096 | 3, 132, 22 | 1, 132, 22 | 159.0 | 163.0 | 1.025 | 0.94 |" in text.splitlines()
     assert text.splitlines()[-1] == ("Slower with the new plan: B=8 N=65 H=16 P=4096 ((splits, head, tail splits) "
                                      "(3, 132, 22) -> (1, 132, 22), 1.025)")
     old = pd.DataFrame(rows).drop(columns=["old_head", "new_head", "old_tail_splits", "new_tail_splits",
