@@ -89,8 +89,8 @@ hbm-bar: a verify grid's HBM-bound ``fused`` points: the time 0.80 of the run's 
 allows beside the launch's whole-wave tensor roof (padding rows and waves counted), and how many
 points the roof alone keeps from the bar.
 
-tail-fit: a log as tail-model reads it, or a ``scripts/tail_sweep.py`` CSV (several tail split
-counts a shape): ``launch_tiles``' three constants (block, partial and
+tail-fit: a log as tail-model reads it, a ``scripts/tail_sweep.py`` CSV (several tail split
+counts a shape) or a ``scripts/splits_ab.py`` CSV (new plan over old): ``launch_tiles``' three constants (block, partial and
 combine cost in KV tile periods) fitted to its measured ratios by a grid search, the model's
 error per shape with the constants in use and with the fit; from a sweep, also the plan each
 picks at each shape and its measured time over the best plan's.
@@ -130,6 +130,7 @@ import math
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -611,15 +612,21 @@ def _tail_ab(log: str):
     per shape (B, N, H, P, the head/tail plan, the measured time ratio: the means of both passes);
     the plan is ``choose_tail``'s with the head at the uniform count (no ``fewer``), as those runs had it.
     A ``tail_sweep.py`` CSV (``.csv``): per head/tail row, its plan and time over its shape's
-    uniform one."""
-    from types import SimpleNamespace
-
+    uniform one. A ``splits_ab.py`` CSV (``old_head`` column): per shape the new plan and its time
+    over the old plan's, and the old plan last (the others yield no seventh item: the uniform
+    launch at ``choose_splits``' count)."""
     from kdtree.attention import _FUSED_BM, choose_splits, choose_tail
 
     if log.endswith(".csv"):
         import pandas as pd
 
         d = pd.read_csv(log)
+        if "old_head" in d:
+            for r in d.itertuples():
+                yield (r.B, r.N, r.H, r.P, SimpleNamespace(splits=r.new_splits, head=r.new_head,
+                                                           tail_splits=r.new_tail_splits), r.new_over_old,
+                       SimpleNamespace(splits=r.old_splits, head=r.old_head, tail_splits=r.old_tail_splits))
+            return
         uniform = d[d["head"] == 0].set_index(["B", "N", "H", "P"])["us"]
         for r in d[d["head"] > 0].itertuples():
             yield (r.B, r.N, r.H, r.P, SimpleNamespace(splits=r.splits, head=r.head, tail_splits=r.tail_splits),
@@ -636,14 +643,15 @@ def _tail_ab(log: str):
             (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10])))
 
 
-def _tail_ratio(B, N, H, P, p, costs=None) -> float:
-    """The plan's modelled time over the uniform launch's at ``choose_splits``' count (the head
-    may take fewer splits)."""
+def _tail_ratio(B, N, H, P, p, costs=None, base=None) -> float:
+    """The plan's modelled time over ``base``'s, by default the uniform launch's at
+    ``choose_splits``' count (the head may take fewer splits)."""
     from kdtree.attention import _FUSED_BM, choose_splits, launch_tiles
 
     rt = B * -(-(N * H) // _FUSED_BM)
+    base = base or SimpleNamespace(splits=choose_splits(rt, P + N, 132, B * N * H), head=0, tail_splits=0)
     return (launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits, costs)
-            / launch_tiles(rt, P + N, 132, choose_splits(rt, P + N, 132, B * N * H), costs=costs))
+            / launch_tiles(rt, P + N, 132, base.splits, base.head, base.tail_splits, costs))
 
 
 def tail_model(log: str) -> str:
@@ -652,8 +660,8 @@ def tail_model(log: str) -> str:
     the uniform launch's, and the measured ratio (the means of both passes)."""
     out = [f"From `{log}` (head/tail over uniform; model: `attention.launch_tiles`, KV tile periods):", "",
            "| B, N, H, P | splits, head row tiles, tail splits | model | measured |", "|---|---|---|---|"]
-    for B, N, H, P, p, meas in _tail_ab(log):
-        out.append(f"| {B}, {N}, {H}, {P} | {p.splits}, {p.head}, {p.tail_splits} | {_tail_ratio(B, N, H, P, p):.2f} "
+    for B, N, H, P, p, meas, *base in _tail_ab(log):
+        out.append(f"| {B}, {N}, {H}, {P} | {p.splits}, {p.head}, {p.tail_splits} | {_tail_ratio(B, N, H, P, p, None, *base):.2f} "
                    f"| {meas:.2f} |")
     return "\n".join(out)
 
@@ -690,18 +698,18 @@ def tail_fit(log: str) -> str:
     keep = (A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES)
 
     def errors(costs):
-        return [_tail_ratio(B, N, H, P, p, costs) - meas for B, N, H, P, p, meas in runs]
+        return [_tail_ratio(B, N, H, P, p, costs, *base) - meas for B, N, H, P, p, meas, *base in runs]
 
     now = errors(keep)
-    grid = itertools.product([x / 2 for x in range(1, 17)], [x / 2 for x in range(0, 9)], range(0, 9))
+    grid = itertools.product([x / 2 for x in range(1, 17)], [x / 2 for x in range(0, 9)], range(0, 17))
     fit = min(grid, key=lambda c: sum(e * e for e in errors(c)))
     after = errors(fit)
     out = [f"From `{log}`: block, partial, combine (KV tile periods) in use {keep}, fitted {fit} "
-           "(grid 0.5-8, 0-4, 0-8); model minus measured ratio:", "",
+           "(grid 0.5-8, 0-4, 0-16); model minus measured ratio:", "",
            "| B, N, H, P | splits, head row tiles, tail splits | measured | error in use | error fitted |",
            "|---|---|---|---|---|"]
     out += [f"| {B}, {N}, {H}, {P} | {p.splits}, {p.head}, {p.tail_splits} | {m:.2f} | {a:+.2f} | {b:+.2f} |"
-            for (B, N, H, P, p, m), a, b in zip(runs, now, after)]
+            for (B, N, H, P, p, m, *_), a, b in zip(runs, now, after)]
     rms = [(sum(e * e for e in es) / len(es)) ** 0.5 for es in (now, after)]
     out += ["", f"rms error: {rms[0]:.3f} in use, {rms[1]:.3f} fitted; max |error| {max(map(abs, now)):.3f}, "
             f"{max(map(abs, after)):.3f}"]

@@ -388,6 +388,34 @@ def test_the_tail_fit_beats_the_constants_in_use_on_the_log_it_fits():
     assert rms_fit <= rms_used and max_fit <= max_used
 
 
+def test_the_tail_fit_reads_a_plan_ab_against_its_old_plans(tmp_path):
+    """``tail-fit`` on a ``splits_ab.py`` CSV (the committed A/B of heads of fewer splits) whose
+    measured ratios ``launch_tiles`` remade with constants on the search grid: each new plan is
+    modelled over its old plan, not over the uniform launch, so the fit finds those constants
+    with no error."""
+    import pandas as pd
+
+    from kdtree import attention
+
+    d = pd.read_csv(ROOT / "results" / "splits_ab_h100" / "fewer_26998f2" / "splits_ab.csv")
+    made = (5.0, 1.5, 12.0)
+
+    def model(r, side):
+        rt = r.B * -(-(r.N * r.H) // attention._FUSED_BM)
+        return attention.launch_tiles(rt, r.P + r.N, 132, *(getattr(r, f"{side}_{k}") for k in
+                                                             ("splits", "head", "tail_splits")), costs=made)
+    d["new_over_old"] = [model(r, "new") / model(r, "old") for r in d.itertuples()]
+    path = tmp_path / "splits_ab.csv"
+    d.to_csv(path, index=False)
+    text = PERF_TABLES["tail_fit"](str(path))
+    fitted = tuple(map(float, re.findall(r"\((\S+), (\S+), (\S+)\)", text.splitlines()[0])[1]))
+    assert fitted == made
+    table = [line.split("|") for line in text.splitlines()
+             if re.match(r"\| \d+, \d+, \d+, \d+ \| \d+, \d+, \d+ \|", line)]
+    assert len(table) == len(d) and all(cells[5].strip() in ("+0.00", "-0.00") for cells in table)
+    assert any(cells[4].strip() not in ("+0.00", "-0.00") for cells in table)   # the constants in use miss
+
+
 def test_the_tail_fit_finds_the_constants_a_sweep_was_made_with(tmp_path, monkeypatch):
     """``tail-fit`` on a ``tail_sweep.py`` CSV whose times ``launch_tiles`` made with constants on
     the search grid (several tail split counts a shape, the sweep's shapes and plans): it reads
