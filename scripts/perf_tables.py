@@ -17,7 +17,7 @@
     python scripts/perf_tables.py rn72-stalls results/ncu_stalls_h100/rn72_9b1b4a4/rn72_source.csv.gz
     python scripts/perf_tables.py first-pairs results/verify_attention_trace_h200/code_cold_a2e2347/before/read/trace_pair_1_33_64_4096.npz
     python scripts/perf_tables.py rn72-rule results/verify_attention_dev_h100/rn72_rows_a3f8683/dev.csv
-    python scripts/perf_tables.py tail-fewer results/verify_table_h100/da7c365
+    python scripts/perf_tables.py tail-moves results/verify_table_h100/da7c365 [0.05]
 
 verify-grid: the verify-attention benchmark table (``scripts/verify_table.py``'s parquet and
 meta.json in that folder) against the tree-verify targets: per group of shapes, how many points
@@ -94,6 +94,9 @@ counts a shape) or a ``scripts/splits_ab.py`` CSV (new plan over old): ``launch_
 combine cost in KV tile periods) fitted to its measured ratios by a grid search, the model's
 error per shape with the constants in use and with the fit; from a sweep, also the plan each
 picks at each shape and its measured time over the best plan's.
+
+tail-moves: a verify grid's ``fused`` pair shapes whose head/tail plan today's ``choose_tail`` moves
+(optionally at another ``_TAIL_MIN_GAIN``): both plans and the modelled time ratio.
 
 tail-grid: two verify grids, the second with head/tail launches: at its head/tail shapes
 ``fused``'s time ratio and ``cascade``'s (the two runs' drift).
@@ -666,23 +669,34 @@ def tail_model(log: str) -> str:
     return "\n".join(out)
 
 
-def tail_fewer(run: str) -> str:
-    """A verify grid's ``fused`` rows on the pair kernel where ``choose_tail`` with ``fewer`` (heads
-    of fewer splits) plans otherwise than the grid ran: both plans, the new one's modelled time over
-    the old's (``launch_tiles``, KV tile periods) and the grid's time: the prediction a timed A/B
-    of ``fewer`` checks (``scripts/splits_ab.py``)."""
-    from kdtree.attention import _FUSED_BM, choose_splits, choose_tail, launch_tiles
+def tail_moves(run: str, min_gain: str = "") -> str:
+    """A verify grid's ``fused`` rows on the pair kernel where today's ``choose_tail`` plans
+    otherwise than the grid ran (with ``min_gain``, at that ``_TAIL_MIN_GAIN`` instead): both
+    plans, the new one's modelled time over the old's (``launch_tiles``, KV tile periods) and the
+    grid's time: the prediction a timed A/B of the change checks (``scripts/splits_ab.py``)."""
+    from kdtree import attention as A
 
-    d = pd.read_parquet(next(Path(run).glob("*.parquet")))
-    out = [f"From `{run}` (`fused` on pair; (splits, head row tiles, tail splits), 132 SMs):", "",
-           "| B, N, H, P | as run | with `fewer` | model new / old | us as run |", "|---|---|---|---|---|"]
-    for r in d[(d.config == "fused") & (d.impl == "pair")].itertuples():
-        rt, kv = r.B * -(-(r.N * r.H) // _FUSED_BM), r.P + r.N
-        old = (r.splits, r.head, r.tail_splits)
-        new = choose_tail(rt, kv, 132, choose_splits(rt, kv, 132, r.B * r.N * r.H), fewer=True)
-        if new != old:
-            out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {', '.join(map(str, old))} | {', '.join(map(str, new))} | "
-                       f"{launch_tiles(rt, kv, 132, *new) / launch_tiles(rt, kv, 132, *old):.2f} | {r.us:.1f} |")
+    try:
+        gain = float(min_gain) if min_gain else A._TAIL_MIN_GAIN
+    except ValueError:
+        gain = -1.0
+    if not 0.0 <= gain < 1.0:
+        sys.exit(f"tail-moves: MIN_GAIN must be a number in [0, 1), got {min_gain!r}")
+    keep, A._TAIL_MIN_GAIN = A._TAIL_MIN_GAIN, gain
+    try:
+        d = pd.read_parquet(next(Path(run).glob("*.parquet")))
+        out = [f"From `{run}` (`fused` on pair; (splits, head row tiles, tail splits), 132 SMs; "
+               f"`_TAIL_MIN_GAIN` {A._TAIL_MIN_GAIN:g}):", "",
+               "| B, N, H, P | as run | today | model new / old | us as run |", "|---|---|---|---|---|"]
+        for r in d[(d.config == "fused") & (d.impl == "pair")].itertuples():
+            rt, kv = r.B * -(-(r.N * r.H) // A._FUSED_BM), r.P + r.N
+            old = (r.splits, r.head, r.tail_splits)
+            new = A.choose_tail(rt, kv, 132, A.choose_splits(rt, kv, 132, r.B * r.N * r.H))
+            if new != old:
+                out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {', '.join(map(str, old))} | {', '.join(map(str, new))} | "
+                           f"{A.launch_tiles(rt, kv, 132, *new) / A.launch_tiles(rt, kv, 132, *old):.2f} | {r.us:.1f} |")
+    finally:
+        A._TAIL_MIN_GAIN = keep
     return "\n".join(out)
 
 
@@ -1057,15 +1071,15 @@ if __name__ == "__main__":
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
              "moe-read": moe_read,
-             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "tail-fewer": tail_fewer,
+             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "tail-moves": tail_moves,
              "rn72-stalls": rn72_stalls,
              "rn72-rule": rn72_rule}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     many = {"rn72-rule"}   # kinds that read one run or more
-    base = {"attention-dev"}   # kinds that take an optional baseline configuration after the CSV
+    base = {"attention-dev", "tail-moves"}   # kinds that take an optional argument after the first
     n = len(sys.argv) - 3
     if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)
                                                 or sys.argv[1] in many):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff, tail-grid: OLD_RUN NEW_RUN; "
-                 "attention-dev: CSV [BASE_CONFIG]; rn72-rule: CSV [CSV ...])")
+                 "attention-dev: CSV [BASE_CONFIG]; tail-moves: RUN [MIN_GAIN]; rn72-rule: CSV [CSV ...])")
     print(kinds[sys.argv[1]](*sys.argv[2:]))

@@ -6,6 +6,7 @@ import runpy
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = runpy.run_path(str(ROOT / "scripts" / "trace_attention.py"))
@@ -584,12 +585,25 @@ def test_splits_ab_table_groups_by_prefix_and_names_each_slower_plan(tmp_path):
     assert "(3, 0, 0) -> (1, 0, 0), 1.025" in PERF_TABLES["splits_ab"](str(path))
 
 
-def test_tail_fewer_lists_only_the_plans_fewer_moves_and_models_none_slower():
-    """perf_tables tail-fewer on the committed H100 grid: one row per pair shape whose plan
-    ``fewer`` moves, never the plan the grid ran, none modelled slower, and the B = 8 shard of
-    ``test_choose_tail_may_split_the_head_less`` among them with its head of 2 splits."""
-    text = PERF_TABLES["tail_fewer"](str(ROOT / "results" / "verify_table_h100" / "da7c365"))
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if re.match(r"\| \d+, ", line)]
-    assert rows and all(r[1] != r[2] and float(r[3]) <= 1.0 for r in rows)
-    assert ["8, 65, 8, 4096", "3, 0, 0"] == rows[[r[0] for r in rows].index("8, 65, 8, 4096")][:2]
-    assert any(r[0] == "8, 65, 8, 4096" and r[2].startswith("2, 66, ") for r in rows)
+def test_tail_moves_lists_only_the_plans_today_moves_and_models_none_slower():
+    """perf_tables tail-moves on the committed H100 grid: one row per pair shape whose plan
+    today's ``choose_tail`` moves, never the plan the grid ran, none modelled slower, the B = 8
+    shard of ``test_choose_tail_may_split_the_head_less`` among them with its head of 2 splits;
+    a lower ``_TAIL_MIN_GAIN`` moves those and more, none modelled to save less than it asks, and
+    the threshold is left as it was."""
+    from kdtree import attention
+
+    run = str(ROOT / "results" / "verify_table_h100" / "da7c365")
+
+    def rows(*args):
+        text = PERF_TABLES["tail_moves"](run, *args)
+        return [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if re.match(r"\| \d+, ", line)]
+    now, low = rows(), rows("0.05")
+    assert now and all(r[1] != r[2] and float(r[3]) <= 1.0 for r in now)
+    assert ["8, 65, 8, 4096", "3, 0, 0"] == now[[r[0] for r in now].index("8, 65, 8, 4096")][:2]
+    assert any(r[0] == "8, 65, 8, 4096" and r[2].startswith("2, 66, ") for r in now)
+    assert len(low) > len(now) and {r[0] for r in now} <= {r[0] for r in low}
+    assert all(float(r[3]) <= 0.955 for r in low if r[1].endswith(", 0, 0"))   # a new head/tail saves 5% (2 places)
+    assert attention._TAIL_MIN_GAIN == 0.1
+    with pytest.raises(SystemExit, match="MIN_GAIN"):
+        rows("0.5x")
