@@ -1,7 +1,7 @@
 """The fused kernel under the plan a committed verify grid ran (split count, head/tail) and under
 today's ``launch_plan`` choice, side by side in one process, where the two differ (GPU host).
 
-    python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv ["B,N,H,P;..."]
+    python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv ["B,N,H,P;..." [MIN_GAIN]]
 
 At each such shape: fresh random inputs (``attention_dev.input_sets``: cold L2), both plans
 checked against float64, then timed by CUDA-graph replay, old and new alternating twice (the
@@ -10,7 +10,8 @@ gives the new plan over the old. A plan is forced as ``attention_dev.forced_plan
 uniform one by its split count, a head/tail one (the pair kernel) through ``choose_tail``.
 Shapes where the grid's ``fused`` lost to ``cascade`` first, then the cheapest; one CSV row per
 shape, written as it is measured (a run cut short keeps what it measured); a summary line last.
-A third argument keeps only the shapes it lists.
+A third argument keeps only the shapes it lists ("" for all); a fourth sets ``_TAIL_MIN_GAIN``
+for today's plans (the A/B of a lower threshold; each row records the value).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pandas as pd
 import torch
 
 from attention_dev import check_config, forced_plan, input_sets, references, run_config, time_configs
+from kdtree import attention
 from kdtree.attention import _FUSED_BM, _num_sms, launch_plan, launch_tiles
 
 
@@ -37,7 +39,9 @@ def _checked_us(plan, shape, tree, pl, sets, o, refs) -> float:
     return got[0].median_us
 
 
-def main(grid: str, out: str, shapes: str = "") -> None:
+def main(grid: str, out: str, shapes: str = "", min_gain: str = "") -> None:
+    if min_gain:   # before launch_plan's first (cached) call
+        attention._TAIL_MIN_GAIN = float(min_gain)
     d = pd.read_parquet(next(Path(grid).glob("*.parquet")))
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     gen = torch.Generator().manual_seed(11)
@@ -68,6 +72,7 @@ def main(grid: str, out: str, shapes: str = "") -> None:
         row["new_over_old"] = row["new_us"] / row["old_us"]
         rt = r.B * -(-(r.N * r.H) // _FUSED_BM)   # the model's row tiles: 64 rows (launch_tiles)
         row["model_new_over_old"] = launch_tiles(rt, r.P + r.N, sms, *new) / launch_tiles(rt, r.P + r.N, sms, *old)
+        row["min_gain"] = attention._TAIL_MIN_GAIN
         rows.append(row)
         if w is None:
             w = csv.DictWriter(f, fieldnames=list(row))
@@ -84,4 +89,6 @@ def main(grid: str, out: str, shapes: str = "") -> None:
 
 
 if __name__ == "__main__":
+    if not 3 <= len(sys.argv) <= 5:
+        sys.exit('usage: splits_ab.py GRID_FOLDER OUT.csv ["B,N,H,P;..." [MIN_GAIN]]')
     main(*sys.argv[1:])
