@@ -567,8 +567,8 @@ class LaunchPlan:
     tail_splits: int = 0
 
 
-# A pure function of its arguments, asked once per call: cached, since choose_tail's search takes
-# up to ~0.2 ms of host time where a head/tail plan is in question.
+# A pure function of its arguments, asked once per call: cached, since choose_tail's search (every
+# head split count, every tail count, a makespan each) is host work a shape needs only once.
 @functools.lru_cache(maxsize=4096)
 def launch_plan(variant: str, *, batch: int, nodes: int, heads: int, kv_rows: int, num_sms: int,
                 impl: str | None = None, splits: int | None = None, layout: str | None = None) -> LaunchPlan:
