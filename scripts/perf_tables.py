@@ -95,6 +95,9 @@ combine cost in KV tile periods) fitted to its measured ratios by a grid search,
 error per shape with the constants in use and with the fit; from a sweep, also the plan each
 picks at each shape and its measured time over the best plan's.
 
+tail-form: ``launch_tiles``' constants fitted jointly to several logs that tail-fit reads, also
+with a combine growing per wave of partial row sets; the rms error of each form on each log.
+
 tail-moves: a verify grid's ``fused`` pair shapes whose head/tail plan today's ``choose_tail`` moves
 (optionally at another ``_TAIL_MIN_GAIN``): both plans and the modelled time ratio.
 
@@ -646,15 +649,27 @@ def _tail_ab(log: str):
             (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10])))
 
 
+def _launch(rt, kv, p, costs=None) -> float:
+    """``launch_tiles`` of plan ``p`` (132 SMs); ``costs`` of four: its three constants and a
+    combine that grows by the fourth per wave of partial row sets (a row tile's partials of one
+    split; 132 a wave), the form ``tail-form`` fits beside the one in use."""
+    from kdtree.attention import launch_tiles
+
+    t = launch_tiles(rt, kv, 132, p.splits, p.head, p.tail_splits, costs and tuple(costs[:3]))
+    if costs and len(costs) > 3:
+        head = p.head or rt
+        t += costs[3] * (head * p.splits * (p.splits > 1) + (rt - p.head) * p.tail_splits * (p.head > 0)) / 132
+    return t
+
+
 def _tail_ratio(B, N, H, P, p, costs=None, base=None) -> float:
     """The plan's modelled time over ``base``'s, by default the uniform launch's at
     ``choose_splits``' count (the head may take fewer splits)."""
-    from kdtree.attention import _FUSED_BM, choose_splits, launch_tiles
+    from kdtree.attention import _FUSED_BM, choose_splits
 
     rt = B * -(-(N * H) // _FUSED_BM)
     base = base or SimpleNamespace(splits=choose_splits(rt, P + N, 132, B * N * H), head=0, tail_splits=0)
-    return (launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits, costs)
-            / launch_tiles(rt, P + N, 132, base.splits, base.head, base.tail_splits, costs))
+    return _launch(rt, P + N, p, costs) / _launch(rt, P + N, base, costs)
 
 
 def tail_model(log: str) -> str:
@@ -700,23 +715,62 @@ def tail_moves(run: str, min_gain: str = "") -> str:
     return "\n".join(out)
 
 
+def _tail_errors(runs, costs) -> list:
+    """Modelled minus measured ratio of each of ``_tail_ab``'s runs under ``costs``."""
+    return [_tail_ratio(B, N, H, P, p, costs, *base) - meas for B, N, H, P, p, meas, *base in runs]
+
+
+def _fit_costs(runs, growing: bool = False) -> tuple:
+    """The costs on a grid that minimise the squared errors over ``runs``: block 0.5-8, partial
+    0-4, combine 0-16 (KV tile periods); ``growing``: block 0.5-6, partial 0-3, combine 0-8 and
+    its growth per wave of partial row sets 0-6 (``_launch``)."""
+    import itertools
+
+    if growing:
+        grid = itertools.product([x / 2 for x in range(1, 13)], [x / 2 for x in range(0, 7)], range(0, 9),
+                                 [x / 2 for x in range(0, 13)])
+    else:
+        grid = itertools.product([x / 2 for x in range(1, 17)], [x / 2 for x in range(0, 9)], range(0, 17))
+    return min(grid, key=lambda c: sum(e * e for e in _tail_errors(runs, c)))
+
+
+def tail_form(*logs: str) -> str:
+    """The tail model's two forms fitted jointly to the measured ratios of ``logs`` (any that
+    ``tail-fit`` reads): the constants in use, the three fitted, and four with a combine that grows
+    per wave of partial row sets (``_launch``); the rms error of each on each log and on all."""
+    from kdtree import attention as A
+
+    runs = {log: list(_tail_ab(log)) for log in logs}
+    every = [r for rs in runs.values() for r in rs]
+    forms = [(A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES), _fit_costs(every), _fit_costs(every, True)]
+
+    def rms(rs, costs):
+        es = _tail_errors(rs, costs)
+        return (sum(e * e for e in es) / len(es)) ** 0.5
+    out = ["Model minus measured ratio, rms, of `launch_tiles` (KV tile periods: block, partial, combine) with the "
+           "constants in use, and fitted to all logs at once (grid search), also with a combine growing per wave of "
+           "partial row sets (block, partial, combine, growth):", "",
+           f"| log | ratios | in use {forms[0]} | fitted {forms[1]} | growing combine {forms[2]} |", "|---|---|---|---|---|"]
+    for log, rs in list(runs.items()) + [("all", every)]:
+        out.append(f"| {log if log == 'all' else f'`{log}`'} | {len(rs)} | "
+                   + " | ".join(f"{rms(rs, c):.3f}" for c in forms) + " |")
+    return "\n".join(out)
+
+
 def tail_fit(log: str) -> str:
     """``launch_tiles``' block, partial and combine costs (KV tile periods) fitted to the measured
     head/tail over uniform ratios of ``log`` (least squares over a grid of values), the plans held
     as run; the model's error per shape with the constants in use and with the fit."""
-    import itertools
-
     from kdtree import attention as A
 
     runs = list(_tail_ab(log))
     keep = (A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES)
 
     def errors(costs):
-        return [_tail_ratio(B, N, H, P, p, costs, *base) - meas for B, N, H, P, p, meas, *base in runs]
+        return _tail_errors(runs, costs)
 
     now = errors(keep)
-    grid = itertools.product([x / 2 for x in range(1, 17)], [x / 2 for x in range(0, 9)], range(0, 17))
-    fit = min(grid, key=lambda c: sum(e * e for e in errors(c)))
+    fit = _fit_costs(runs)
     after = errors(fit)
     out = [f"From `{log}`: block, partial, combine (KV tile periods) in use {keep}, fitted {fit} "
            "(grid 0.5-8, 0-4, 0-16); model minus measured ratio:", "",
@@ -1071,15 +1125,17 @@ if __name__ == "__main__":
              "pair-steady": pair_steady, "ncu-details": ncu_details,
              "grid-diff": grid_diff, "mode-probe": mode_probe, "hbm-bar": hbm_bar, "moe-bar": moe_bar,
              "moe-read": moe_read,
-             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "tail-moves": tail_moves,
+             "tail-model": tail_model, "tail-grid": tail_grid, "tail-fit": tail_fit, "tail-form": tail_form,
+             "tail-moves": tail_moves,
              "rn72-stalls": rn72_stalls,
              "rn72-rule": rn72_rule}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
-    many = {"rn72-rule"}   # kinds that read one run or more
+    many = {"rn72-rule", "tail-form"}   # kinds that read one run or more
     base = {"attention-dev", "tail-moves"}   # kinds that take an optional argument after the first
     n = len(sys.argv) - 3
     if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)
                                                 or sys.argv[1] in many):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff, tail-grid: OLD_RUN NEW_RUN; "
-                 "attention-dev: CSV [BASE_CONFIG]; tail-moves: RUN [MIN_GAIN]; rn72-rule: CSV [CSV ...])")
+                 "attention-dev: CSV [BASE_CONFIG]; tail-moves: RUN [MIN_GAIN]; rn72-rule: CSV [CSV ...]; "
+                 "tail-form: LOG [LOG ...])")
     print(kinds[sys.argv[1]](*sys.argv[2:]))

@@ -4,6 +4,7 @@ records parse into each role's tile loop, and the intervals say what the perf lo
 import re
 import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -415,6 +416,32 @@ def test_the_tail_fit_reads_a_plan_ab_against_its_old_plans(tmp_path):
              if re.match(r"\| \d+, \d+, \d+, \d+ \| \d+, \d+, \d+ \|", line)]
     assert len(table) == len(d) and all(cells[5].strip() in ("+0.00", "-0.00") for cells in table)
     assert any(cells[4].strip() not in ("+0.00", "-0.00") for cells in table)   # the constants in use miss
+
+
+def test_the_tail_form_finds_a_growing_combine_the_three_constants_cannot_fit(tmp_path):
+    """``tail-form`` on the committed A/B of heads of fewer splits, its ratios remade with a
+    combine that grows per wave of partial row sets (costs on the search grid): the four-term fit
+    finds those costs with no error on that log and on all; the three constants, fitted, cannot,
+    and neither can those in use."""
+    import pandas as pd
+
+    d = pd.read_csv(ROOT / "results" / "splits_ab_h100" / "fewer_26998f2" / "splits_ab.csv")
+    made = (1.0, 0.5, 2, 5.0)
+    launch = PERF_TABLES["_launch"]
+
+    def model(r, side):
+        return launch(r.B * -(-(r.N * r.H) // 64), r.P + r.N,
+                      SimpleNamespace(**{k: getattr(r, f"{side}_{k}") for k in ("splits", "head", "tail_splits")}), made)
+    d["new_over_old"] = [model(r, "new") / model(r, "old") for r in d.itertuples()]
+    path = tmp_path / "splits_ab.csv"
+    d.to_csv(path, index=False)
+    text = PERF_TABLES["tail_form"](str(path))
+    header = [ln for ln in text.splitlines() if ln.startswith("| log |")][0]
+    assert tuple(map(float, re.findall(r"\(([^)]*)\)", header)[2].split(", "))) == made
+    rows = [ln.split("|")[1:-1] for ln in text.splitlines() if ln.startswith("| `") or ln.startswith("| all |")]
+    assert len(rows) == 2 and all(int(r[1]) == len(d) for r in rows)
+    for _, _, used, fitted, growing in rows:
+        assert float(growing) == 0.0 < float(fitted) <= float(used)
 
 
 def test_the_tail_fit_finds_the_constants_a_sweep_was_made_with(tmp_path, monkeypatch):
