@@ -17,6 +17,7 @@ with ``NCU_SHAPE``, ``scripts/verify_table.py --ncu``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import sys
@@ -104,6 +105,37 @@ def forced_plan(plan: tuple[int, int, int], fn):
             attention.choose_tail = keep
             attention.launch_plan.cache_clear()
     return call
+
+
+@contextlib.contextmanager
+def tail_knobs(min_gain: str = "", costs: str = ""):
+    """``choose_tail``'s threshold (``MIN_GAIN``, a number in [0, 1)) and ``launch_tiles``'
+    constants (``COSTS``, "block,partial,combine" in KV tile periods, each at least 0) as given on
+    a command line ("" keeps the one in use), set while the block runs, ``launch_plan``'s cache
+    cleared on the way in and out; a bad value exits with one line naming it."""
+    from kdtree import attention as A
+
+    try:
+        gain = float(min_gain) if min_gain else A._TAIL_MIN_GAIN
+    except ValueError:
+        gain = -1.0
+    if not 0.0 <= gain < 1.0:
+        sys.exit(f"MIN_GAIN must be a number in [0, 1), got {min_gain!r}")
+    try:
+        new = tuple(float(c) for c in costs.split(",")) if costs else (A._BLOCK_TILES, A._PARTIAL_TILES,
+                                                                         A._COMBINE_TILES)
+    except ValueError:
+        new = ()
+    if len(new) != 3 or min(new) < 0:
+        sys.exit(f"COSTS must be three numbers at least 0, block,partial,combine, got {costs!r}")
+    keep = (A._TAIL_MIN_GAIN, A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES)
+    A._TAIL_MIN_GAIN, (A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES) = gain, new
+    A.launch_plan.cache_clear()
+    try:
+        yield
+    finally:
+        A._TAIL_MIN_GAIN, A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES = keep
+        A.launch_plan.cache_clear()
 
 
 def run_config(variant, tree, pl, q, kv, out, splits=None, impl=None, layout=None):

@@ -99,7 +99,8 @@ tail-form: ``launch_tiles``' constants fitted jointly to several logs that tail-
 with a combine growing per wave of partial row sets; the rms error of each form on each log.
 
 tail-moves: a verify grid's ``fused`` pair shapes whose head/tail plan today's ``choose_tail`` moves
-(optionally at another ``_TAIL_MIN_GAIN``): both plans and the modelled time ratio.
+(optionally at another ``_TAIL_MIN_GAIN``, and other ``launch_tiles`` constants, "block,partial,combine";
+"" keeps the one in use): both plans and the modelled time ratio.
 
 tail-grid: two verify grids, the second with head/tail launches: at its head/tail shapes
 ``fused``'s time ratio and ``cascade``'s (the two runs' drift).
@@ -134,6 +135,7 @@ import io
 import json
 import math
 import re
+import runpy
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -266,8 +268,6 @@ def grid_waves(run: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _trace_module() -> dict:
     """``scripts/trace_attention.py``'s globals (its record parser), loaded once."""
-    import runpy
-
     return runpy.run_path(str(Path(__file__).resolve().parent / "trace_attention.py"))
 
 
@@ -684,24 +684,19 @@ def tail_model(log: str) -> str:
     return "\n".join(out)
 
 
-def tail_moves(run: str, min_gain: str = "") -> str:
+def tail_moves(run: str, min_gain: str = "", costs: str = "") -> str:
     """A verify grid's ``fused`` rows on the pair kernel where today's ``choose_tail`` plans
-    otherwise than the grid ran (with ``min_gain``, at that ``_TAIL_MIN_GAIN`` instead): both
-    plans, the new one's modelled time over the old's (``launch_tiles``, KV tile periods) and the
-    grid's time: the prediction a timed A/B of the change checks (``scripts/splits_ab.py``)."""
+    otherwise than the grid ran (with ``min_gain``, at that ``_TAIL_MIN_GAIN`` instead; with
+    ``costs``, "block,partial,combine", with those ``launch_tiles`` constants): both plans, the new
+    one's modelled time over the old's (``launch_tiles``, KV tile periods) and the grid's time: the
+    prediction a timed A/B of the change checks (``scripts/splits_ab.py``)."""
     from kdtree import attention as A
 
-    try:
-        gain = float(min_gain) if min_gain else A._TAIL_MIN_GAIN
-    except ValueError:
-        gain = -1.0
-    if not 0.0 <= gain < 1.0:
-        sys.exit(f"tail-moves: MIN_GAIN must be a number in [0, 1), got {min_gain!r}")
-    keep, A._TAIL_MIN_GAIN = A._TAIL_MIN_GAIN, gain
-    try:
+    with runpy.run_path(str(Path(__file__).resolve().parent / "attention_dev.py"))["tail_knobs"](min_gain, costs):
         d = pd.read_parquet(next(Path(run).glob("*.parquet")))
         out = [f"From `{run}` (`fused` on pair; (splits, head row tiles, tail splits), 132 SMs; "
-               f"`_TAIL_MIN_GAIN` {A._TAIL_MIN_GAIN:g}):", "",
+               f"`_TAIL_MIN_GAIN` {A._TAIL_MIN_GAIN:g}; block, partial, combine "
+               f"{A._BLOCK_TILES:g}, {A._PARTIAL_TILES:g}, {A._COMBINE_TILES:g}):", "",
                "| B, N, H, P | as run | today | model new / old | us as run |", "|---|---|---|---|---|"]
         for r in d[(d.config == "fused") & (d.impl == "pair")].itertuples():
             rt, kv = r.B * -(-(r.N * r.H) // A._FUSED_BM), r.P + r.N
@@ -710,8 +705,6 @@ def tail_moves(run: str, min_gain: str = "") -> str:
             if new != old:
                 out.append(f"| {r.B}, {r.N}, {r.H}, {r.P} | {', '.join(map(str, old))} | {', '.join(map(str, new))} | "
                            f"{A.launch_tiles(rt, kv, 132, *new) / A.launch_tiles(rt, kv, 132, *old):.2f} | {r.us:.1f} |")
-    finally:
-        A._TAIL_MIN_GAIN = keep
     return "\n".join(out)
 
 
@@ -1131,11 +1124,11 @@ if __name__ == "__main__":
              "rn72-rule": rn72_rule}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     many = {"rn72-rule", "tail-form"}   # kinds that read one run or more
-    base = {"attention-dev", "tail-moves"}   # kinds that take an optional argument after the first
+    base = {"attention-dev"}   # kinds that take an optional argument after the first
     n = len(sys.argv) - 3
     if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)
-                                                or sys.argv[1] in many):
+                                                 or (sys.argv[1] == "tail-moves" and n <= 2) or sys.argv[1] in many):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff, tail-grid: OLD_RUN NEW_RUN; "
-                 "attention-dev: CSV [BASE_CONFIG]; tail-moves: RUN [MIN_GAIN]; rn72-rule: CSV [CSV ...]; "
+                 "attention-dev: CSV [BASE_CONFIG]; tail-moves: RUN [MIN_GAIN [COSTS]]; rn72-rule: CSV [CSV ...]; "
                  "tail-form: LOG [LOG ...])")
     print(kinds[sys.argv[1]](*sys.argv[2:]))

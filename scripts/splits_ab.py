@@ -1,7 +1,7 @@
 """The fused kernel under the plan a committed verify grid ran (split count, head/tail) and under
 today's ``launch_plan`` choice, side by side in one process, where the two differ (GPU host).
 
-    python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv ["B,N,H,P;..." [MIN_GAIN]]
+    python scripts/splits_ab.py results/verify_table_h200/<sha> OUT.csv ["B,N,H,P;..." [MIN_GAIN [COSTS]]]
 
 At each such shape: fresh random inputs (``attention_dev.input_sets``: cold L2), both plans
 checked against float64, then timed by CUDA-graph replay, old and new alternating twice (the
@@ -11,7 +11,9 @@ uniform one by its split count, a head/tail one (the pair kernel) through ``choo
 Shapes where the grid's ``fused`` lost to ``cascade`` first, then the cheapest; one CSV row per
 shape, written as it is measured (a run cut short keeps what it measured); a summary line last.
 A third argument keeps only the shapes it lists ("" for all); a fourth sets ``_TAIL_MIN_GAIN``
-for today's plans (the A/B of a lower threshold; each row records the value).
+for today's plans (the A/B of a lower threshold), a fifth ``launch_tiles``' constants,
+"block,partial,combine" (the A/B of a refitted model; ``perf_tables.py tail-form``); "" keeps the
+one in use, and each row records both.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from attention_dev import check_config, forced_plan, input_sets, references, run_config, time_configs
+from attention_dev import check_config, forced_plan, input_sets, references, run_config, tail_knobs, time_configs
 from kdtree import attention
 from kdtree.attention import _FUSED_BM, _num_sms, launch_plan, launch_tiles
 
@@ -39,9 +41,12 @@ def _checked_us(plan, shape, tree, pl, sets, o, refs) -> float:
     return got[0].median_us
 
 
-def main(grid: str, out: str, shapes: str = "", min_gain: str = "") -> None:
-    if min_gain:   # before launch_plan's first (cached) call
-        attention._TAIL_MIN_GAIN = float(min_gain)
+def main(grid: str, out: str, shapes: str = "", min_gain: str = "", costs: str = "") -> None:
+    with tail_knobs(min_gain, costs):
+        _ab(grid, out, shapes)
+
+
+def _ab(grid: str, out: str, shapes: str) -> None:
     d = pd.read_parquet(next(Path(grid).glob("*.parquet")))
     sms, l2 = _num_sms(0), torch.cuda.get_device_properties(0).L2_cache_size
     gen = torch.Generator().manual_seed(11)
@@ -73,6 +78,7 @@ def main(grid: str, out: str, shapes: str = "", min_gain: str = "") -> None:
         rt = r.B * -(-(r.N * r.H) // _FUSED_BM)   # the model's row tiles: 64 rows (launch_tiles)
         row["model_new_over_old"] = launch_tiles(rt, r.P + r.N, sms, *new) / launch_tiles(rt, r.P + r.N, sms, *old)
         row["min_gain"] = attention._TAIL_MIN_GAIN
+        row["costs"] = f"{attention._BLOCK_TILES:g},{attention._PARTIAL_TILES:g},{attention._COMBINE_TILES:g}"
         rows.append(row)
         if w is None:
             w = csv.DictWriter(f, fieldnames=list(row))
@@ -89,6 +95,6 @@ def main(grid: str, out: str, shapes: str = "", min_gain: str = "") -> None:
 
 
 if __name__ == "__main__":
-    if not 3 <= len(sys.argv) <= 5:
-        sys.exit('usage: splits_ab.py GRID_FOLDER OUT.csv ["B,N,H,P;..." [MIN_GAIN]]')
+    if not 3 <= len(sys.argv) <= 6:
+        sys.exit('usage: splits_ab.py GRID_FOLDER OUT.csv ["B,N,H,P;..." [MIN_GAIN [COSTS]]]')
     main(*sys.argv[1:])

@@ -617,7 +617,8 @@ def test_tail_moves_lists_only_the_plans_today_moves_and_models_none_slower():
     today's ``choose_tail`` moves, never the plan the grid ran, none modelled slower, the B = 8
     shard of ``test_choose_tail_may_split_the_head_less`` among them with its head of 2 splits;
     a lower ``_TAIL_MIN_GAIN`` moves those and more, none modelled to save less than it asks, and
-    the threshold is left as it was."""
+    the threshold is left as it was; so are other ``launch_tiles`` constants, which move other
+    plans; bad values stop it with a line naming the argument."""
     from kdtree import attention
 
     run = str(ROOT / "results" / "verify_table_h100" / "da7c365")
@@ -634,3 +635,13 @@ def test_tail_moves_lists_only_the_plans_today_moves_and_models_none_slower():
     assert attention._TAIL_MIN_GAIN == 0.1
     with pytest.raises(SystemExit, match="MIN_GAIN"):
         rows("0.5x")
+    # Other constants (a refit's) move other plans, and are put back after.
+    keep = (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES)
+    text = PERF_TABLES["tail_moves"](run, "", "4.5,0,4")
+    assert "`_TAIL_MIN_GAIN` 0.1; block, partial, combine 4.5, 0, 4)" in text.splitlines()[0]
+    refit = rows("", "4.5,0,4")
+    assert refit and {r[0] for r in refit} != {r[0] for r in now} and all(r[1] != r[2] for r in refit)
+    assert (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES) == keep
+    for bad in ("4.5,0", "4.5,-1,4", "a,b,c"):
+        with pytest.raises(SystemExit, match="COSTS"):
+            rows("", bad)
