@@ -131,9 +131,13 @@ _LOG2E = 1.4426950408889634
 # choose_tail's time units are KV tile periods: a block costs its tiles plus _BLOCK_TILES (its
 # prologue and epilogue: the one-split points of an H100 grid fit 2.6 us + 1.75 us a tile,
 # `perf_tables.py grid-waves`), a split block _PARTIAL_TILES more (its partial rows), a launch
-# with partials _COMBINE_TILES more (the combine). A head/tail plan replaces the uniform split
-# count only where it saves at least _TAIL_MIN_GAIN of that count's modelled time.
-_BLOCK_TILES, _PARTIAL_TILES, _COMBINE_TILES, _TAIL_MIN_GAIN = 1.5, 0.5, 2.0, 0.1
+# with partials _COMBINE_TILES more (the combine), and _COMBINE_GROWTH more per wave of partial
+# row sets it merges (a row tile's partials of one split; num_sms a wave). A head/tail plan
+# replaces the uniform split count only where it saves at least _TAIL_MIN_GAIN of that count's
+# modelled time. The growth is 0 in use: fitted with the other three to every committed head/tail
+# A/B, it fits them better than the three alone, but the plans it moves are not timed yet
+# (`perf_tables.py tail-form`, `tail-moves`).
+_BLOCK_TILES, _PARTIAL_TILES, _COMBINE_TILES, _COMBINE_GROWTH, _TAIL_MIN_GAIN = 1.5, 0.5, 2.0, 0.0, 0.1
 
 
 def _check_aligned(name: str, t: torch.Tensor) -> None:
@@ -384,13 +388,15 @@ def choose_tail(row_tiles: int, kv_rows: int, num_sms: int, splits: int, fewer: 
 
 
 def launch_tiles(row_tiles: int, kv_rows: int, num_sms: int, splits: int, head: int = 0,
-                 tail_splits: int = 0, costs: tuple[float, float, float] | None = None) -> float:
+                 tail_splits: int = 0, costs: tuple[float, ...] | None = None) -> float:
     """``choose_tail``'s model of a fused launch (and its combine), in KV tile periods: uniform in
     ``splits`` where ``head`` is 0, else head/tail. Each block costs its tiles plus
     ``_BLOCK_TILES`` (``_PARTIAL_TILES`` more if it writes partials); the SMs take the blocks in
-    order (``_makespan``); partials add ``_COMBINE_TILES``. ``costs``: those three instead (a fit
-    of them, ``perf_tables.py tail-fit``)."""
-    block_cost, partial_cost, combine_cost = costs or (_BLOCK_TILES, _PARTIAL_TILES, _COMBINE_TILES)
+    order (``_makespan``); partials add ``_COMBINE_TILES`` and ``_COMBINE_GROWTH`` per wave of
+    partial row sets. ``costs``: the first three, or all four, instead (a fit of them,
+    ``perf_tables.py tail-fit``, ``tail-form``)."""
+    block_cost, partial_cost, combine_cost, growth = (*(costs or (_BLOCK_TILES, _PARTIAL_TILES, _COMBINE_TILES)),
+                                                      _COMBINE_GROWTH)[:4]
     tiles = max(1, -(-kv_rows // _FUSED_BN))
 
     def block(s: int) -> float:
@@ -399,7 +405,8 @@ def launch_tiles(row_tiles: int, kv_rows: int, num_sms: int, splits: int, head: 
     n_head = (head if head else row_tiles) * splits
     n_tail = (row_tiles - head) * tail_splits if head else 0
     span = _makespan(n_head, block(splits), n_tail, block(tail_splits) if n_tail else 0.0, num_sms)
-    return span + (combine_cost if splits > 1 or n_tail else 0.0)
+    partial_sets = (n_head if splits > 1 else 0) + n_tail
+    return span + (combine_cost + growth * partial_sets / num_sms if partial_sets else 0.0)
 
 
 def sm90_impl(splits: int, block_tiles: int, blocks: int, num_sms: int) -> str:

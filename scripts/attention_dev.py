@@ -110,31 +110,34 @@ def forced_plan(plan: tuple[int, int, int], fn):
 @contextlib.contextmanager
 def tail_knobs(min_gain: str = "", costs: str = ""):
     """``choose_tail``'s threshold (``MIN_GAIN``, a number in [0, 1)) and ``launch_tiles``'
-    constants (``COSTS``, "block,partial,combine" in KV tile periods, each at least 0) as given on
-    a command line ("" keeps the one in use), set while the block runs, ``launch_plan``'s cache
-    cleared on the way in and out; a bad value exits with one line naming it."""
+    constants (``COSTS``, "block,partial,combine[,growth]" in KV tile periods, each at least 0; the
+    growth 0 where not given) as given on a command line ("" keeps the one in use), set while the
+    block runs, ``launch_plan``'s cache cleared on the way in and out; a bad value exits with one
+    line naming it."""
     from kdtree import attention as A
 
+    names = ("_TAIL_MIN_GAIN", "_BLOCK_TILES", "_PARTIAL_TILES", "_COMBINE_TILES", "_COMBINE_GROWTH")
+    keep = tuple(getattr(A, n) for n in names)
     try:
-        gain = float(min_gain) if min_gain else A._TAIL_MIN_GAIN
+        gain = float(min_gain) if min_gain else keep[0]
     except ValueError:
         gain = -1.0
     if not 0.0 <= gain < 1.0:
         sys.exit(f"MIN_GAIN must be a number in [0, 1), got {min_gain!r}")
     try:
-        new = tuple(float(c) for c in costs.split(",")) if costs else (A._BLOCK_TILES, A._PARTIAL_TILES,
-                                                                         A._COMBINE_TILES)
+        new = tuple(float(c) for c in costs.split(",")) if costs else keep[1:]
     except ValueError:
         new = ()
-    if len(new) != 3 or min(new) < 0:
-        sys.exit(f"COSTS must be three numbers at least 0, block,partial,combine, got {costs!r}")
-    keep = (A._TAIL_MIN_GAIN, A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES)
-    A._TAIL_MIN_GAIN, (A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES) = gain, new
+    if len(new) not in (3, 4) or min(new) < 0:
+        sys.exit(f"COSTS must be three or four numbers at least 0, block,partial,combine[,growth], got {costs!r}")
+    for n, v in zip(names, (gain, *new, 0.0)):
+        setattr(A, n, v)
     A.launch_plan.cache_clear()
     try:
         yield
     finally:
-        A._TAIL_MIN_GAIN, A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES = keep
+        for n, v in zip(names, keep):
+            setattr(A, n, v)
         A.launch_plan.cache_clear()
 
 

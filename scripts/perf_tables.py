@@ -95,12 +95,12 @@ combine cost in KV tile periods) fitted to its measured ratios by a grid search,
 error per shape with the constants in use and with the fit; from a sweep, also the plan each
 picks at each shape and its measured time over the best plan's.
 
-tail-form: ``launch_tiles``' constants fitted jointly to several logs that tail-fit reads, also
-with a combine growing per wave of partial row sets; the rms error of each form on each log.
+tail-form: ``launch_tiles``' constants fitted jointly to several logs that tail-fit reads, without
+and with the combine's growth per wave of partial row sets; the rms error of each form on each log.
 
 tail-moves: a verify grid's ``fused`` pair shapes whose head/tail plan today's ``choose_tail`` moves
-(optionally at another ``_TAIL_MIN_GAIN``, and other ``launch_tiles`` constants, "block,partial,combine";
-"" keeps the one in use): both plans and the modelled time ratio.
+(optionally at another ``_TAIL_MIN_GAIN``, and other ``launch_tiles`` constants, "block,partial,combine"
+or "block,partial,combine,growth"; "" keeps the one in use): both plans and the modelled time ratio.
 
 tail-grid: two verify grids, the second with head/tail launches: at its head/tail shapes
 ``fused``'s time ratio and ``cascade``'s (the two runs' drift).
@@ -649,27 +649,15 @@ def _tail_ab(log: str):
             (float(tok[1]) + float(tok[7])) / (float(tok[4]) + float(tok[10])))
 
 
-def _launch(rt, kv, p, costs=None) -> float:
-    """``launch_tiles`` of plan ``p`` (132 SMs); ``costs`` of four: its three constants and a
-    combine that grows by the fourth per wave of partial row sets (a row tile's partials of one
-    split; 132 a wave), the form ``tail-form`` fits beside the one in use."""
-    from kdtree.attention import launch_tiles
-
-    t = launch_tiles(rt, kv, 132, p.splits, p.head, p.tail_splits, costs and tuple(costs[:3]))
-    if costs and len(costs) > 3:
-        head = p.head or rt
-        t += costs[3] * (head * p.splits * (p.splits > 1) + (rt - p.head) * p.tail_splits * (p.head > 0)) / 132
-    return t
-
-
 def _tail_ratio(B, N, H, P, p, costs=None, base=None) -> float:
     """The plan's modelled time over ``base``'s, by default the uniform launch's at
     ``choose_splits``' count (the head may take fewer splits)."""
-    from kdtree.attention import _FUSED_BM, choose_splits
+    from kdtree.attention import _FUSED_BM, choose_splits, launch_tiles
 
     rt = B * -(-(N * H) // _FUSED_BM)
     base = base or SimpleNamespace(splits=choose_splits(rt, P + N, 132, B * N * H), head=0, tail_splits=0)
-    return _launch(rt, P + N, p, costs) / _launch(rt, P + N, base, costs)
+    return (launch_tiles(rt, P + N, 132, p.splits, p.head, p.tail_splits, costs)
+            / launch_tiles(rt, P + N, 132, base.splits, base.head, base.tail_splits, costs))
 
 
 def tail_model(log: str) -> str:
@@ -687,7 +675,7 @@ def tail_model(log: str) -> str:
 def tail_moves(run: str, min_gain: str = "", costs: str = "") -> str:
     """A verify grid's ``fused`` rows on the pair kernel where today's ``choose_tail`` plans
     otherwise than the grid ran (with ``min_gain``, at that ``_TAIL_MIN_GAIN`` instead; with
-    ``costs``, "block,partial,combine", with those ``launch_tiles`` constants): both plans, the new
+    ``costs``, "block,partial,combine[,growth]", with those ``launch_tiles`` constants): both plans, the new
     one's modelled time over the old's (``launch_tiles``, KV tile periods) and the grid's time: the
     prediction a timed A/B of the change checks (``scripts/splits_ab.py``)."""
     from kdtree import attention as A
@@ -695,8 +683,8 @@ def tail_moves(run: str, min_gain: str = "", costs: str = "") -> str:
     with runpy.run_path(str(Path(__file__).resolve().parent / "attention_dev.py"))["tail_knobs"](min_gain, costs):
         d = pd.read_parquet(next(Path(run).glob("*.parquet")))
         out = [f"From `{run}` (`fused` on pair; (splits, head row tiles, tail splits), 132 SMs; "
-               f"`_TAIL_MIN_GAIN` {A._TAIL_MIN_GAIN:g}; block, partial, combine "
-               f"{A._BLOCK_TILES:g}, {A._PARTIAL_TILES:g}, {A._COMBINE_TILES:g}):", "",
+               f"`_TAIL_MIN_GAIN` {A._TAIL_MIN_GAIN:g}; block, partial, combine, growth "
+               f"{A._BLOCK_TILES:g}, {A._PARTIAL_TILES:g}, {A._COMBINE_TILES:g}, {A._COMBINE_GROWTH:g}):", "",
                "| B, N, H, P | as run | today | model new / old | us as run |", "|---|---|---|---|---|"]
         for r in d[(d.config == "fused") & (d.impl == "pair")].itertuples():
             rt, kv = r.B * -(-(r.N * r.H) // A._FUSED_BM), r.P + r.N
@@ -716,7 +704,7 @@ def _tail_errors(runs, costs) -> list:
 def _fit_costs(runs, growing: bool = False) -> tuple:
     """The costs on a grid that minimise the squared errors over ``runs``: block 0.5-8, partial
     0-4, combine 0-16 (KV tile periods); ``growing``: block 0.5-6, partial 0-3, combine 0-8 and
-    its growth per wave of partial row sets 0-6 (``_launch``)."""
+    its growth per wave of partial row sets 0-6 (``launch_tiles``)."""
     import itertools
 
     if growing:
@@ -729,20 +717,22 @@ def _fit_costs(runs, growing: bool = False) -> tuple:
 
 def tail_form(*logs: str) -> str:
     """The tail model's two forms fitted jointly to the measured ratios of ``logs`` (any that
-    ``tail-fit`` reads): the constants in use, the three fitted, and four with a combine that grows
-    per wave of partial row sets (``_launch``); the rms error of each on each log and on all."""
+    ``tail-fit`` reads): the constants in use, the first three fitted (no growth), and all four
+    with the combine's growth per wave of partial row sets (``launch_tiles``); the rms error of each
+    on each log and on all."""
     from kdtree import attention as A
 
     runs = {log: list(_tail_ab(log)) for log in logs}
     every = [r for rs in runs.values() for r in rs]
-    forms = [(A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES), _fit_costs(every), _fit_costs(every, True)]
+    forms = [(A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES, A._COMBINE_GROWTH), _fit_costs(every),
+             _fit_costs(every, True)]
 
     def rms(rs, costs):
         es = _tail_errors(rs, costs)
         return (sum(e * e for e in es) / len(es)) ** 0.5
-    out = ["Model minus measured ratio, rms, of `launch_tiles` (KV tile periods: block, partial, combine) with the "
-           "constants in use, and fitted to all logs at once (grid search), also with a combine growing per wave of "
-           "partial row sets (block, partial, combine, growth):", "",
+    out = ["Model minus measured ratio, rms, of `launch_tiles` (KV tile periods: block, partial, combine, the "
+           "combine's growth per wave of partial row sets) with the constants in use, and fitted to all logs at once "
+           "(grid search), without and with the growth:", "",
            f"| log | ratios | in use {forms[0]} | fitted {forms[1]} | growing combine {forms[2]} |", "|---|---|---|---|---|"]
     for log, rs in list(runs.items()) + [("all", every)]:
         out.append(f"| {log if log == 'all' else f'`{log}`'} | {len(rs)} | "

@@ -12,8 +12,8 @@ Shapes where the grid's ``fused`` lost to ``cascade`` first, then the cheapest; 
 shape, written as it is measured (a run cut short keeps what it measured); a summary line last.
 A third argument keeps only the shapes it lists ("" for all); a fourth sets ``_TAIL_MIN_GAIN``
 for today's plans (the A/B of a lower threshold), a fifth ``launch_tiles``' constants,
-"block,partial,combine" (the A/B of a refitted model; ``perf_tables.py tail-form``); "" keeps the
-one in use, and each row records both.
+"block,partial,combine[,growth]" (the A/B of a refitted model; ``perf_tables.py tail-form``); ""
+keeps the one in use, and each row records both.
 """
 from __future__ import annotations
 
@@ -78,7 +78,8 @@ def _ab(grid: str, out: str, shapes: str) -> None:
         rt = r.B * -(-(r.N * r.H) // _FUSED_BM)   # the model's row tiles: 64 rows (launch_tiles)
         row["model_new_over_old"] = launch_tiles(rt, r.P + r.N, sms, *new) / launch_tiles(rt, r.P + r.N, sms, *old)
         row["min_gain"] = attention._TAIL_MIN_GAIN
-        row["costs"] = f"{attention._BLOCK_TILES:g},{attention._PARTIAL_TILES:g},{attention._COMBINE_TILES:g}"
+        row["costs"] = ",".join(f"{getattr(attention, n):g}" for n in
+                                ("_BLOCK_TILES", "_PARTIAL_TILES", "_COMBINE_TILES", "_COMBINE_GROWTH"))
         rows.append(row)
         if w is None:
             w = csv.DictWriter(f, fieldnames=list(row))

@@ -341,6 +341,22 @@ def test_choose_tail_never_models_slower_than_uniform():
         assert launch_tiles(rt, kv, sms, *plans[1]) <= launch_tiles(rt, kv, sms, *plans[0])
 
 
+def test_launch_tiles_grows_the_combine_with_the_partial_row_sets_it_merges():
+    """The combine's growth (a fourth cost) adds its value per wave of partial row sets: every
+    row tile's partials of each split in a uniform launch of several splits, only the tail's in a
+    head/tail launch with a head of one split, none in a launch of one split (no combine at all);
+    three costs keep the growth in use (0, so the plans stay as timed)."""
+    from kdtree.attention import _COMBINE_GROWTH
+
+    assert _COMBINE_GROWTH == 0.0
+    rt, kv, sms, costs = 72, 4161, 132, (1.5, 0.5, 2.0)
+    for plan, sets in [((3, 0, 0), 72 * 3), ((1, 66, 22), 6 * 22), ((2, 66, 22), 66 * 2 + 6 * 22), ((1, 0, 0), 0)]:
+        base = launch_tiles(rt, kv, sms, *plan, costs)
+        assert base == launch_tiles(rt, kv, sms, *plan)
+        assert launch_tiles(rt, kv, sms, *plan, costs + (4.0,)) == pytest.approx(base + 4.0 * sets / sms)
+    assert launch_tiles(rt, kv, sms, 1, costs=(1.5, 0.5, 2.0, 4.0)) == launch_tiles(rt, kv, sms, 1, costs=(1.5, 0.5, 0.0))
+
+
 def test_tail_sweep_forces_its_plan_only_inside_the_call(monkeypatch):
     """``scripts/tail_sweep.py`` times each tail split count by standing in for ``choose_tail``
     while a call runs: inside it ``launch_plan`` gives the forced plan, after it the chosen one."""

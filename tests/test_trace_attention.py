@@ -4,7 +4,6 @@ records parse into each role's tile loop, and the intervals say what the perf lo
 import re
 import runpy
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -425,13 +424,14 @@ def test_the_tail_form_finds_a_growing_combine_the_three_constants_cannot_fit(tm
     and neither can those in use."""
     import pandas as pd
 
+    from kdtree import attention
+
     d = pd.read_csv(ROOT / "results" / "splits_ab_h100" / "fewer_26998f2" / "splits_ab.csv")
     made = (1.0, 0.5, 2, 5.0)
-    launch = PERF_TABLES["_launch"]
 
     def model(r, side):
-        return launch(r.B * -(-(r.N * r.H) // 64), r.P + r.N,
-                      SimpleNamespace(**{k: getattr(r, f"{side}_{k}") for k in ("splits", "head", "tail_splits")}), made)
+        return attention.launch_tiles(r.B * -(-(r.N * r.H) // attention._FUSED_BM), r.P + r.N, 132,
+                                      *(getattr(r, f"{side}_{k}") for k in ("splits", "head", "tail_splits")), made)
     d["new_over_old"] = [model(r, "new") / model(r, "old") for r in d.itertuples()]
     path = tmp_path / "splits_ab.csv"
     d.to_csv(path, index=False)
@@ -636,12 +636,14 @@ def test_tail_moves_lists_only_the_plans_today_moves_and_models_none_slower():
     with pytest.raises(SystemExit, match="MIN_GAIN"):
         rows("0.5x")
     # Other constants (a refit's) move other plans, and are put back after.
-    keep = (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES)
+    keep = (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES, attention._COMBINE_GROWTH)
     text = PERF_TABLES["tail_moves"](run, "", "4.5,0,4")
-    assert "`_TAIL_MIN_GAIN` 0.1; block, partial, combine 4.5, 0, 4)" in text.splitlines()[0]
-    refit = rows("", "4.5,0,4")
+    assert "`_TAIL_MIN_GAIN` 0.1; block, partial, combine, growth 4.5, 0, 4, 0)" in text.splitlines()[0]
+    refit, grown = rows("", "4.5,0,4"), rows("", "4.5,0,4,2")
     assert refit and {r[0] for r in refit} != {r[0] for r in now} and all(r[1] != r[2] for r in refit)
-    assert (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES) == keep
-    for bad in ("4.5,0", "4.5,-1,4", "a,b,c"):
+    assert grown != refit
+    assert (attention._BLOCK_TILES, attention._PARTIAL_TILES, attention._COMBINE_TILES,
+            attention._COMBINE_GROWTH) == keep
+    for bad in ("4.5,0", "4.5,-1,4", "a,b,c", "1,2,3,4,5"):
         with pytest.raises(SystemExit, match="COSTS"):
             rows("", bad)
