@@ -8,6 +8,8 @@
     kdtree compare <run-a> <run-b>                                   regression report of two runs
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
     kdtree profile [--out DIR] [--points FILE.json|JSON] [--full]    kernels under Nsight Compute vs the cost model
+    kdtree plan <run-id|ceilings.json> --batch B --nodes N --heads H --prefix P
+                                                                     a verify call's plan and roof floors, no GPU
 
 A mistake in what was asked (a bad argument or file, a missing run) prints one line
 "kdtree: error: ..." and exits with status 2; --debug (anywhere on the line) adds the traceback.
@@ -47,6 +49,19 @@ def _depth(text: str) -> int:
     if depth is None or not 1 <= depth <= MAX_DEPTH:
         raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_DEPTH}, got {text!r}")
     return depth
+
+
+def _int(low: int):
+    """An argparse type: one integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        return value
+    return parse
 
 
 def _bench_tree(args) -> int:
@@ -124,6 +139,26 @@ def _compare(args) -> int:
     print(f"report: {page}")
     if args.publish:
         print(f"published; to commit: git add -f {page.parent} {page.parent.parent / 'index.html'}")
+    return 0
+
+
+def _plan(args) -> int:
+    from pathlib import Path
+
+    from kdtree.bench.ceilings import Ceilings
+    from kdtree.bench.plan import plan_table, render
+
+    path = Path(args.ceilings)
+    if not path.is_file():
+        path = Path(_run_dir(args.ceilings, args.runs)) / "ceilings.json"
+        if not path.exists():
+            raise UserError(f"run {args.ceilings!r} ({path.parent}) has no ceilings.json: its ceilings notebook has "
+                            "not finished")
+    ceilings = Ceilings.load(path)
+    shape = dict(batch=args.batch, nodes=args.nodes, heads=args.heads, prefix=args.prefix)
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    table = plan_table(ceilings, variants=variants, l2=args.l2, num_sms=args.sms, **shape)
+    print(render(table, ceilings, str(path), l2=args.l2, **shape))
     return 0
 
 
@@ -234,6 +269,21 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: kdtree.bench.counters.default_points)")
     pr.add_argument("--full", action="store_true", help="the larger default point set (N=257 too)")
     pr.set_defaults(func=_profile)
+
+    pl = sub.add_parser("plan", help="a verify-attention call's launch plan and the time each roof of a measured "
+                        "device allows (no GPU needed)")
+    pl.add_argument("ceilings", help="the device's measured ceilings: a run id (under --runs), a run directory, "
+                    "or a ceilings.json")
+    pl.add_argument("--batch", type=_int(1), required=True, help="B, sequences")
+    pl.add_argument("--nodes", type=_int(1), required=True, help="N, tree nodes a sequence (budget + 1, q_len)")
+    pl.add_argument("--heads", type=_int(1), required=True, help="H, attention heads on this GPU (64 / TP degree)")
+    pl.add_argument("--prefix", type=_int(0), required=True, help="P, prefix (cached) tokens a sequence")
+    pl.add_argument("--variants", default="fused,cascade,naive", help="comma-separated, of fused, cascade, naive "
+                    "(default all three)")
+    pl.add_argument("--l2", choices=("cold", "warm"), default="cold", help="L2 state (default cold)")
+    pl.add_argument("--sms", type=_int(1), default=132, help="streaming multiprocessors (default 132: H100, H200)")
+    pl.add_argument("--runs", default="parameterized_runs", help="where run directories live")
+    pl.set_defaults(func=_plan)
 
     w = sub.add_parser("wheelhouse", help="download wheels of the notebook stack for an offline GPU host")
     w.add_argument("--dest", default=".whl", help="folder for the wheels (default .whl, git-ignored)")

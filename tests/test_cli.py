@@ -9,20 +9,28 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from pathlib import Path
+
 import pytest
 
 from kdtree import cli
 from kdtree.checks import UserError
 
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE = ["--batch", "8", "--nodes", "65", "--heads", "8", "--prefix", "4096"]
 BAD_YAML = "name: broken\nnotebooks: [a\n  b: 2\n"
 
 
 def setup_files(root):
-    """A sweep file with a YAML syntax error, and a run folder whose ceilings never finished."""
+    """A sweep file with a YAML syntax error, a run folder whose ceilings never finished, a CPU
+    host's ceilings and a JSON file that holds no ceilings."""
     (root / "broken.yaml").write_text(BAD_YAML)
     run = root / "parameterized_runs" / "nocl-run"
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({"run_id": "nocl-run", "points": {}}))
+    cpu = json.loads((ROOT / "parameterized_runs" / "h200-20261202-2" / "ceilings.json").read_text())
+    (root / "cpu.json").write_text(json.dumps(cpu | {"device": "CPU (test host)", "kind": "cpu"}))
+    (root / "other.json").write_text(json.dumps({"device": "x"}))
 
 
 USER_ERRORS = {  # name -> (arguments, words the line must hold)
@@ -47,6 +55,16 @@ USER_ERRORS = {  # name -> (arguments, words the line must hold)
     "compare missing baseline": (["compare", "no-such-run", "nocl-run"], "run 'no-such-run'"),
     "compare missing new run": (["compare", "nocl-run", "other-run"], "run 'other-run'"),
     "compare missing absolute run": (["compare", "/no/such/run", "nocl-run"], "(looked for /no/such/run)"),
+    "plan missing run": (["plan", "no-such-run", *SHAPE], "run 'no-such-run': no such run directory"),
+    "plan run without ceilings": (["plan", "nocl-run", *SHAPE], "run 'nocl-run' (parameterized_runs/nocl-run) has no "
+                                                                "ceilings.json"),
+    "plan CPU ceilings": (["plan", "cpu.json", *SHAPE], "ceilings: CPU (test host) is a CPU host's set"),
+    "plan not ceilings": (["plan", "other.json", *SHAPE], "other.json: not a ceilings file"),
+    "plan batch 0": (["plan", "cpu.json", *SHAPE, "--batch", "0"], "--batch: must be an integer >= 1, got '0'"),
+    "plan prefix negative": (["plan", "cpu.json", *SHAPE[:-1], "-1"], "--prefix: must be an integer >= 0"),
+    "plan without prefix": (["plan", "cpu.json", *SHAPE[:-2]], "required: --prefix"),
+    "plan typo'd variant": (["plan", str(ROOT / "parameterized_runs" / "h200-20261202-2"), *SHAPE, "--variants",
+                             "fused,casade"], "variants: expected some of fused, cascade, naive, got fused, casade"),
 }
 DEBUG_CASES = [("depth 40", "debug-first"), ("report run without ceilings", "debug-last"),
                ("sweep YAML syntax error", "debug-last")]
@@ -94,8 +112,8 @@ def test_user_error_is_one_line_and_status_2(case, runs):
 
 
 def test_rejected_commands_wrote_nothing(runs):
-    assert runs[("files", "after")] == ["broken.yaml", "parameterized_runs", "parameterized_runs/nocl-run",
-                                        "parameterized_runs/nocl-run/run.json"]
+    assert runs[("files", "after")] == ["broken.yaml", "cpu.json", "other.json", "parameterized_runs",
+                                        "parameterized_runs/nocl-run", "parameterized_runs/nocl-run/run.json"]
 
 
 @pytest.mark.parametrize("case,where", DEBUG_CASES)
@@ -118,7 +136,7 @@ def test_top_level_help_is_plain_text(runs):
 
 def test_every_subcommand_is_reached():
     names = {" ".join(p) for p in help_paths()}
-    assert {"", "bench", "bench tree", "sweep", "report", "compare", "wheelhouse"} <= names
+    assert {"", "bench", "bench tree", "sweep", "report", "compare", "wheelhouse", "plan"} <= names
 
 
 @pytest.mark.parametrize("path", [" ".join(p) for p in help_paths()])
