@@ -9,7 +9,7 @@
     kdtree wheelhouse [--dest .whl]                                  offline wheels of the notebook stack
     kdtree profile [--out DIR] [--points FILE.json|JSON] [--full]    kernels under Nsight Compute vs the cost model
     kdtree plan <run-id|ceilings.json> --batch B --nodes N --heads H --prefix P
-                                                                     a verify call's plan and roof floors, no GPU
+                                                                     verify calls' plans and roof floors, no GPU
 
 A mistake in what was asked (a bad argument or file, a missing run) prints one line
 "kdtree: error: ..." and exits with status 2; --debug (anywhere on the line) adds the traceback.
@@ -143,7 +143,10 @@ def _compare(args) -> int:
 
 
 def _plan(args) -> int:
+    import itertools
     from pathlib import Path
+
+    import pandas as pd
 
     from kdtree.bench.ceilings import Ceilings
     from kdtree.bench.plan import plan_table, render
@@ -155,10 +158,11 @@ def _plan(args) -> int:
             raise UserError(f"run {args.ceilings!r} ({path.parent}) has no ceilings.json: its ceilings notebook has "
                             "not finished")
     ceilings = Ceilings.load(path)
-    shape = dict(batch=args.batch, nodes=args.nodes, heads=args.heads, prefix=args.prefix)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-    table = plan_table(ceilings, variants=variants, l2=args.l2, num_sms=args.sms, **shape)
-    print(render(table, ceilings, str(path), l2=args.l2, **shape))
+    tables = [plan_table(ceilings, batch=b, nodes=n, heads=h, prefix=p, variants=variants, l2=args.l2,
+                         num_sms=args.sms)
+              for b, n, h, p in itertools.product(args.batch, args.nodes, args.heads, args.prefix)]
+    print(render(pd.concat(tables, ignore_index=True), ceilings, str(path), l2=args.l2))
     return 0
 
 
@@ -274,10 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "device allows (no GPU needed)")
     pl.add_argument("ceilings", help="the device's measured ceilings: a run id (under --runs), a run directory, "
                     "or a ceilings.json")
-    pl.add_argument("--batch", type=_int(1), required=True, help="B, sequences")
-    pl.add_argument("--nodes", type=_int(1), required=True, help="N, tree nodes a sequence (budget + 1, q_len)")
-    pl.add_argument("--heads", type=_int(1), required=True, help="H, attention heads on this GPU (64 / TP degree)")
-    pl.add_argument("--prefix", type=_int(0), required=True, help="P, prefix (cached) tokens a sequence")
+    pl.add_argument("--batch", type=_ints(1), required=True, help="B, sequences (comma-separated: each)")
+    pl.add_argument("--nodes", type=_ints(1), required=True,
+                    help="N, tree nodes a sequence (budget + 1, q_len; comma-separated: each)")
+    pl.add_argument("--heads", type=_ints(1), required=True,
+                    help="H, attention heads on this GPU (64 / TP degree; comma-separated: each)")
+    pl.add_argument("--prefix", type=_ints(0), required=True,
+                    help="P, prefix (cached) tokens a sequence (comma-separated: each)")
     pl.add_argument("--variants", default="fused,cascade,naive", help="comma-separated, of fused, cascade, naive "
                     "(default all three)")
     pl.add_argument("--l2", choices=("cold", "warm"), default="cold", help="L2 state (default cold)")

@@ -21,23 +21,23 @@ ROOF_NAMES = {ROOF_LABELS[r] for r in ROOFS}
 
 
 def test_the_command_prints_each_variants_plan_and_binding_roof():
-    """On the B = 8 Kimi K2 shard (N = 65, H = 8, P = 4096): one line per variant, fused's plan as
-    ``launch_plan`` makes it (a head/tail launch here), and each line's floor the largest of its
-    roofs, named in the bound column."""
+    """On the Kimi K2 shards at batch 1 and 8 (N = 65, H = 8, P = 4096): one line per shape and
+    variant, the shapes in the order asked, fused's plan as ``launch_plan`` makes it (a head/tail
+    launch at batch 8), and each line's floor the largest of its roofs, named in the bound column."""
     res = subprocess.run([sys.executable, "-m", "kdtree.cli", "plan", RUN.name, "--runs", str(RUN.parent),
-                          "--batch", "8", "--nodes", "65", "--heads", "8", "--prefix", "4096"],
+                          "--batch", "1,8", "--nodes", "65", "--heads", "8", "--prefix", "4096"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stderr == "", res.stderr
     head, blank, cols, *rows = res.stdout.splitlines()
-    assert head.startswith("B=8 N=65 H=8 P=4096") and CEILINGS.device in head and str(RUN / "ceilings.json") in head
-    assert blank == "" and [r.split()[0] for r in rows] == ["fused", "cascade", "naive"]
+    assert CEILINGS.device in head and str(RUN / "ceilings.json") in head and blank == ""
+    header = re.split(r"\s{2,}", cols.strip())
+    cells = [dict(zip(header, re.split(r"\s{2,}", row.strip()))) for row in rows]
+    assert [(c["B"], c["variant"]) for c in cells] == [(b, v) for b in "18" for v in ("fused", "cascade", "naive")]
     p = launch_plan("fused", batch=8, nodes=65, heads=8, kv_rows=4161, num_sms=132)
-    assert p.head > 0 and f"{p.impl} {p.layout} {p.splits} splits, head {p.head} row tiles, tail {p.tail_splits} " \
-                          "splits" in rows[0]
-    header = re.split(r"\s{2,}", cols)
-    for row in rows:
-        cell = dict(zip(header, re.split(r"\s{2,}", row)))
-        roofs = {n[:-3]: float(c) for n, c in cell.items() if n.endswith(" us") and n[:-3] in ROOF_NAMES and c != "-"}
+    assert p.head > 0 and cells[3]["plan"] == (f"{p.impl} {p.layout} {p.splits} splits, head {p.head} row tiles, "
+                                               f"tail {p.tail_splits} splits")
+    for cell in cells:
+        roofs = {n[:-3]: float(c) for n, c in cell.items() if n[:-3] in ROOF_NAMES and c != "-"}
         floor = float(cell["floor us"])
         assert max(roofs.values()) == pytest.approx(floor, abs=0.05) and roofs[cell["bound"]] == floor
 

@@ -1,6 +1,6 @@
 """What a verify-attention call should take before it runs (``kdtree plan``).
 
-For one shape (B, N, H, P) and each variant: the launch plan ``kdtree.attention.launch_plan``
+For a shape (B, N, H, P) and each variant: the launch plan ``kdtree.attention.launch_plan``
 picks (kernel, layout, KV splits, a head/tail launch's head row tiles and tail splits), the cost
 model's FLOPs and bytes (``kdtree.bench.models``), and the time each roof of a measured device
 allows (``kdtree.bench.roofline.roof_times``): the binding one is the floor no kernel of that
@@ -43,7 +43,8 @@ def plan_table(ceilings: Ceilings, *, batch: int, nodes: int, heads: int, prefix
     Returns
     -------
     pandas.DataFrame
-        One row per variant: ``impl``, ``layout``, ``splits``, ``head``, ``tail_splits``,
+        One row per variant: the shape (``batch``, ``nodes``, ``heads``, ``prefix``), ``variant``,
+        ``impl``, ``layout``, ``splits``, ``head``, ``tail_splits``,
         ``launches``, ``gflop`` (useful), ``hbm_mb`` (the model's HBM bytes), ``<roof>_us`` for
         each of :data:`ROOFS` that applies (NaN where not), ``bound`` (the binding roof),
         ``floor_us`` (its time), ``floor_tflops`` (useful FLOPs at that time) and ``ideal_us``
@@ -71,7 +72,8 @@ def plan_table(ceilings: Ceilings, *, batch: int, nodes: int, heads: int, prefix
                                      **({} if ceilings.l2_bytes is None else {"l2_bytes": ceilings.l2_bytes}))
         times = roof_times(cost, ceilings, "graph", l2)
         bound = max(times, key=times.get)
-        rows.append({"variant": variant, "impl": plan.impl, "layout": plan.layout, "splits": plan.splits,
+        rows.append({"batch": batch, "nodes": nodes, "heads": heads, "prefix": prefix, "variant": variant,
+                     "impl": plan.impl, "layout": plan.layout, "splits": plan.splits,
                      "head": plan.head, "tail_splits": plan.tail_splits, "launches": cost.launches,
                      "gflop": cost.flops / 1e9, "hbm_mb": cost.hbm_bytes / 1e6,
                      **{f"{r}_us": times.get(r, math.nan) for r in ROOFS},
@@ -80,23 +82,24 @@ def plan_table(ceilings: Ceilings, *, batch: int, nodes: int, heads: int, prefix
     return pd.DataFrame(rows)
 
 
-def render(table: pd.DataFrame, ceilings: Ceilings, source: str, *, batch: int, nodes: int, heads: int,
-           prefix: int, l2: str = "cold") -> str:
-    """``plan_table``'s rows as the text ``kdtree plan`` prints: the device line, then one line
-    per variant (plan, launches, GFLOP, HBM MB, the roofs' times, the binding roof)."""
-    head = [f"B={batch} N={nodes} H={heads} P={prefix}, CUDA-graph replay, {l2} L2; roofs measured on "
-            f"{ceilings.device} ({source}): HBM {ceilings.hbm_bw / 1e12:.2f} TB/s, L2 {ceilings.l2_bw / 1e12:.2f} "
-            f"TB/s, bf16 {ceilings.tensor_flops / 1e12:.0f} TFLOP/s, graph launch {ceilings.launch_graph_us:.1f} us"]
-    cols = ["variant", "plan", "launches", "GFLOP", "HBM MB", *[f"{ROOF_LABELS[r]} us" for r in ROOFS],
+def render(table: pd.DataFrame, ceilings: Ceilings, source: str, l2: str = "cold") -> str:
+    """Rows of ``plan_table`` (of one shape or several, with ``batch``, ``nodes``, ``heads`` and
+    ``prefix`` columns) as the text ``kdtree plan`` prints: the device line, then one line per
+    shape and variant (plan, launches, GFLOP, HBM MB, the roofs' times, the binding roof)."""
+    head = [f"CUDA-graph replay, {l2} L2; roofs measured on {ceilings.device} ({source}): HBM "
+            f"{ceilings.hbm_bw / 1e12:.2f} TB/s, L2 {ceilings.l2_bw / 1e12:.2f} TB/s, bf16 "
+            f"{ceilings.tensor_flops / 1e12:.0f} TFLOP/s, graph launch {ceilings.launch_graph_us:.1f} us"]
+    cols = ["B", "N", "H", "P", "variant", "plan", "launches", "GFLOP", "HBM MB", *[f"{ROOF_LABELS[r]} us" for r in ROOFS],
             "bound", "floor us", "TFLOP/s at floor", "ideal us"]
     lines = []
     for r in table.itertuples():
         plan = f"{r.impl} {r.layout} {r.splits} split{'s' if r.splits > 1 else ''}".replace("  ", " ")
         if r.head:
             plan += f", head {r.head} row tiles, tail {r.tail_splits} splits"
-        lines.append([r.variant, plan, str(r.launches), f"{r.gflop:.2f}", f"{r.hbm_mb:.1f}",
+        lines.append([str(r.batch), str(r.nodes), str(r.heads), str(r.prefix), r.variant, plan, str(r.launches),
+                      f"{r.gflop:.2f}", f"{r.hbm_mb:.1f}",
                       *["-" if math.isnan(getattr(r, f"{x}_us")) else f"{getattr(r, f'{x}_us'):.1f}" for x in ROOFS],
                       ROOF_LABELS[r.bound], f"{r.floor_us:.1f}", f"{r.floor_tflops:.0f}", f"{r.ideal_us:.1f}"])
     widths = [max(len(c), *(len(ln[i]) for ln in lines)) for i, c in enumerate(cols)]
-    fmt = "  ".join(f"{{:{'<' if i < 2 else '>'}{w}}}" for i, w in enumerate(widths))
+    fmt = "  ".join(f"{{:{'<' if c in ('variant', 'plan') else '>'}{w}}}" for c, w in zip(cols, widths))
     return "\n".join(head + ["", fmt.format(*cols)] + [fmt.format(*ln) for ln in lines])
