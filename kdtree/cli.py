@@ -13,10 +13,12 @@
 
 A mistake in what was asked (a bad argument or file, a missing run) prints one line
 "kdtree: error: ..." and exits with status 2; --debug (anywhere on the line) adds the traceback.
+A mistyped option is named with the nearest one the command knows.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 import traceback
@@ -205,9 +207,16 @@ def _wheelhouse(args) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are UserErrors (one line, exit 2) and whose help is plain text."""
+    """argparse whose errors are UserErrors (one line, exit 2) and whose help is plain text.
+
+    An option no parser on the command's path knows, near one they do know, is named first with
+    that one: argparse would report a required option that a typo left out (``--prefx 4096``:
+    "required: --prefix") before the typo itself."""
 
     def error(self, message: str):
+        unknown, near, prog = _unknown_options()
+        if near:
+            message, self.prog = f"unrecognized arguments: {' '.join(unknown)} (did you mean {near}?)", prog
         raise UserError(f"{message} (see {self.prog} --help)")
 
     def format_help(self) -> str:
@@ -301,6 +310,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_REQUEST: dict = {}   # the parser and arguments main() is parsing, for _Parser.error
+
+
+def _unknown_options() -> tuple[list[str], str | None, str]:
+    """The ``--options`` of the request that no parser on its path (the command, each subcommand
+    it names) knows, even as an abbreviation; the known option nearest the first of them (by
+    name, without the dashes), if any is near; and the last parser's ``prog``."""
+    if not _REQUEST:
+        return [], None, ""
+    parser, known = _REQUEST["parser"], []
+    for arg in _REQUEST["argv"]:
+        known += [o for o in parser._option_string_actions if o.startswith("--")]
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and arg in subs[0].choices:
+            parser = subs[0].choices[arg]
+    known += [o for o in parser._option_string_actions if o.startswith("--")]
+    unknown = [a.split("=")[0] for a in _REQUEST["argv"]
+               if a.startswith("--") and not any(k.startswith(a.split("=")[0]) for k in known)]
+    names = {k[2:]: k for k in known}
+    near = difflib.get_close_matches(unknown[0][2:], list(names), n=1, cutoff=0.6) if unknown else []
+    return unknown, names[near[0]] if near else None, parser.prog
+
+
 def _user_errors() -> tuple[type[BaseException], ...]:
     """What counts as a user error: a mistake in the request, the files or the environment named."""
     import yaml
@@ -330,13 +362,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     try:
-        args = build_parser().parse_args([a for a in argv if a != "--debug"])
+        _REQUEST.update(parser=build_parser(), argv=[a for a in argv if a != "--debug"])
+        args = _REQUEST["parser"].parse_args(_REQUEST["argv"])
         return args.func(args)
     except _user_errors() as e:
         if debug:
             traceback.print_exc()
         print(f"kdtree: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    finally:
+        _REQUEST.clear()
 
 
 if __name__ == "__main__":

@@ -45,10 +45,13 @@ USER_ERRORS = {  # name -> (arguments, words the line must hold)
     "batches not numbers": (["bench", "tree", "--batches", "a,b"], "--batches: expected comma-separated integers"),
     "budget 0": (["bench", "tree", "--budgets", "0,16"], "--budgets: each value must be an integer 1..1024"),
     "budget 1025": (["bench", "tree", "--budgets", "16,1025"], "--budgets: each value must be an integer 1..1024"),
-    "unknown bench option": (["bench", "tree", "--deep", "3"], "unrecognized arguments"),
+    "unknown bench option": (["bench", "tree", "--deep", "3"], "unrecognized arguments: --deep (did you mean "
+                                                               "--depth?) (see kdtree bench tree --help)"),
+    "unknown option, nothing near": (["bench", "tree", "--frobnicate"], "unrecognized arguments: --frobnicate (see"),
     "sweep file missing": (["sweep", "missing.yaml"], "missing.yaml"),
     "sweep YAML syntax error": (["sweep", "broken.yaml"], "broken.yaml"),
     "sweep bad executor": (["sweep", "broken.yaml", "--executor", "mpi"], "--executor: invalid choice"),
+    "sweep typo'd option": (["sweep", "broken.yaml", "--twinn"], "unrecognized arguments: --twinn (did you mean --twin?)"),
     "report missing run": (["report", "no-such-run"], "run 'no-such-run': no such run directory"),
     "report run without ceilings": (["report", "nocl-run"], "run nocl-run (parameterized_runs/nocl-run) has no "
                                                              "ceilings.json"),
@@ -63,6 +66,8 @@ USER_ERRORS = {  # name -> (arguments, words the line must hold)
     "plan batch 0": (["plan", "cpu.json", *SHAPE, "--batch", "0"], "--batch: each value must be an integer >= 1, got '0'"),
     "plan prefix negative": (["plan", "cpu.json", *SHAPE[:-1], "-1"], "--prefix: each value must be an integer >= 0"),
     "plan without prefix": (["plan", "cpu.json", *SHAPE[:-2]], "required: --prefix"),
+    "plan typo'd prefix": (["plan", "cpu.json", *SHAPE[:-2], "--prefx", "0"], "unrecognized arguments: --prefx (did you "
+                                                                            "mean --prefix?) (see kdtree plan --help)"),
     "plan typo'd variant": (["plan", str(ROOT / "parameterized_runs" / "h200-20261202-2"), *SHAPE, "--variants",
                              "fused,casade"], "variants: expected some of fused, cascade, naive, got fused, casade"),
 }
