@@ -164,7 +164,11 @@ def _plan(args) -> int:
     tables = [plan_table(ceilings, batch=b, nodes=n, heads=h, prefix=p, variants=variants, l2=args.l2,
                          num_sms=args.sms)
               for b, n, h, p in itertools.product(args.batch, args.nodes, args.heads, args.prefix)]
-    print(render(pd.concat(tables, ignore_index=True), ceilings, str(path), l2=args.l2))
+    table = pd.concat(tables, ignore_index=True)
+    if args.csv:
+        print(table.to_csv(index=False, float_format="%.6g"), end="")
+    else:
+        print(render(table, ceilings, str(path), l2=args.l2))
     return 0
 
 
@@ -298,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default all three)")
     pl.add_argument("--l2", choices=("cold", "warm"), default="cold", help="L2 state (default cold)")
     pl.add_argument("--sms", type=_int(1), default=132, help="streaming multiprocessors (default 132: H100, H200)")
+    pl.add_argument("--csv", action="store_true", help="print the table as CSV (plan_table's columns) for scripts")
     pl.add_argument("--runs", default="parameterized_runs", help="where run directories live")
     pl.set_defaults(func=_plan)
 

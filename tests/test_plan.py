@@ -42,6 +42,27 @@ def test_the_command_prints_each_variants_plan_and_binding_roof():
         assert max(roofs.values()) == pytest.approx(floor, abs=0.05) and roofs[cell["bound"]] == floor
 
 
+def test_csv_holds_the_table_the_text_shows():
+    """``--csv``: plan_table's rows for every shape asked, in order, as the command's only output."""
+    import io
+
+    import pandas as pd
+
+    res = subprocess.run([sys.executable, "-m", "kdtree.cli", "plan", str(RUN / "ceilings.json"), "--batch", "1,64",
+                          "--nodes", "9", "--heads", "8,16", "--prefix", "16384", "--variants", "fused,cascade",
+                          "--csv"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    got = pd.read_csv(io.StringIO(res.stdout))
+    want = pd.concat([plan_table(CEILINGS, batch=b, nodes=9, heads=h, prefix=16384, variants=("fused", "cascade"))
+                      for b in (1, 64) for h in (8, 16)], ignore_index=True)
+    assert list(got.columns) == list(want.columns) and len(got) == 8
+    text = ["variant", "impl", "layout", "bound"]
+    assert got[text].equals(want[text])
+    numbers = [c for c in want.columns if c not in text]
+    assert got[numbers].isna().equals(want[numbers].isna())
+    assert ((got[numbers] - want[numbers]).abs() <= 1e-5 * want[numbers].abs().fillna(0) + 1e-9).fillna(True).all().all()
+
+
 def test_the_roofs_follow_the_shape():
     """A longer prefix adds at least its cache rows' bytes to every variant's HBM bytes; a warm L2
     lets a call whose bytes fit take no HBM time; no variant's floor beats the ideal (which is the
