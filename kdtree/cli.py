@@ -321,21 +321,21 @@ _REQUEST: dict = {}   # the parser and arguments main() is parsing, for _Parser.
 def _unknown_options() -> tuple[list[str], str | None, str]:
     """The ``--options`` of the request that no parser on its path (the command, each subcommand
     it names) knows, even as an abbreviation; the known option nearest the first of them (by
-    name, without the dashes), if any is near; and the last parser's ``prog``."""
+    name, without the dashes), if any is near; and the ``prog`` of the parser that takes it (the
+    deepest one, for an option they all take)."""
     if not _REQUEST:
         return [], None, ""
-    parser, known = _REQUEST["parser"], []
-    for arg in _REQUEST["argv"]:
-        known += [o for o in parser._option_string_actions if o.startswith("--")]
+    parser, owner = _REQUEST["parser"], {}
+    for arg in [*_REQUEST["argv"], None]:
+        owner |= {o: parser.prog for o in parser._option_string_actions if o.startswith("--")}
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
         if subs and arg in subs[0].choices:
             parser = subs[0].choices[arg]
-    known += [o for o in parser._option_string_actions if o.startswith("--")]
     unknown = [a.split("=")[0] for a in _REQUEST["argv"]
-               if a.startswith("--") and not any(k.startswith(a.split("=")[0]) for k in known)]
-    names = {k[2:]: k for k in known}
+               if a.startswith("--") and not any(k.startswith(a.split("=")[0]) for k in owner)]
+    names = {k[2:]: k for k in owner}
     near = difflib.get_close_matches(unknown[0][2:], list(names), n=1, cutoff=0.6) if unknown else []
-    return unknown, names[near[0]] if near else None, parser.prog
+    return (unknown, names[near[0]], owner[names[near[0]]]) if near else (unknown, None, parser.prog)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

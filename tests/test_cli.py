@@ -48,6 +48,8 @@ USER_ERRORS = {  # name -> (arguments, words the line must hold)
     "unknown bench option": (["bench", "tree", "--deep", "3"], "unrecognized arguments: --deep (did you mean "
                                                                "--depth?) (see kdtree bench tree --help)"),
     "unknown option, nothing near": (["bench", "tree", "--frobnicate"], "unrecognized arguments: --frobnicate (see"),
+    "misspelled top-level option": (["--debg", "bench"], "unrecognized arguments: --debg (did you mean --debug?) "
+                                                         "(see kdtree --help)"),
     "sweep file missing": (["sweep", "missing.yaml"], "missing.yaml"),
     "sweep YAML syntax error": (["sweep", "broken.yaml"], "broken.yaml"),
     "sweep bad executor": (["sweep", "broken.yaml", "--executor", "mpi"], "--executor: invalid choice"),
