@@ -42,26 +42,16 @@ def _ints(low: int, high: int | None = None):
     return parse
 
 
-def _depth(text: str) -> int:
-    """An argparse type: the draft depth, 1..MAX_DEPTH."""
-    try:
-        depth = int(text)
-    except ValueError:
-        depth = None
-    if depth is None or not 1 <= depth <= MAX_DEPTH:
-        raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_DEPTH}, got {text!r}")
-    return depth
-
-
-def _int(low: int):
-    """An argparse type: one integer >= ``low``."""
+def _int(low: int, high: int | None = None):
+    """An argparse type: one integer in ``low..high`` (no upper bound where ``high`` is None)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        if value is None or value < low or (high is not None and value > high):
+            span = f"in {low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {text!r}")
         return value
     return parse
 
@@ -238,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--budgets", type=_ints(1, MAX_BUDGET), default=None,
                    help=f"comma-separated budgets, each 1..{MAX_BUDGET} (default 16..1024 on GPU, fewer on CPU)")
     t.add_argument("--batches", type=_ints(1), default=None, help="comma-separated batch sizes, each >= 1")
-    t.add_argument("--depth", type=_depth, default=15, help=f"draft depth L, 1..{MAX_DEPTH} (default 15)")
+    t.add_argument("--depth", type=_int(1, MAX_DEPTH), default=15, help=f"draft depth L, 1..{MAX_DEPTH} (default 15)")
     t.add_argument("--out", default="results/tree_bench", help="table path without suffix")
     t.add_argument("--quick", action="store_true", help="fewer repetitions")
     t.set_defaults(func=_bench_tree)

@@ -749,12 +749,9 @@ def tail_fit(log: str) -> str:
     runs = list(_tail_ab(log))
     keep = (A._BLOCK_TILES, A._PARTIAL_TILES, A._COMBINE_TILES)
 
-    def errors(costs):
-        return _tail_errors(runs, costs)
-
-    now = errors(keep)
+    now = _tail_errors(runs, keep)
     fit = _fit_costs(runs)
-    after = errors(fit)
+    after = _tail_errors(runs, fit)
     out = [f"From `{log}`: block, partial, combine (KV tile periods) in use {keep}, fitted {fit} "
            "(grid 0.5-8, 0-4, 0-16); model minus measured ratio:", "",
            "| B, N, H, P | splits, head row tiles, tail splits | measured | error in use | error fitted |",
@@ -1114,10 +1111,10 @@ if __name__ == "__main__":
              "rn72-rule": rn72_rule}
     two = {"grid-diff", "tail-grid"}   # kinds that read two runs
     many = {"rn72-rule", "tail-form"}   # kinds that read one run or more
-    base = {"attention-dev"}   # kinds that take an optional argument after the first
+    optional = {"attention-dev": 1, "tail-moves": 2}   # kinds that take up to so many arguments after the first
     n = len(sys.argv) - 3
-    if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or (sys.argv[1] in base and n == 1)
-                                                 or (sys.argv[1] == "tail-moves" and n <= 2) or sys.argv[1] in many):
+    if n < 0 or sys.argv[1] not in kinds or not (n == (sys.argv[1] in two) or 0 < n <= optional.get(sys.argv[1], 0)
+                                                 or sys.argv[1] in many):
         sys.exit(f"usage: perf_tables.py {{{'|'.join(kinds)}}} RUN_FOLDER_OR_CSV (grid-diff, tail-grid: OLD_RUN NEW_RUN; "
                  "attention-dev: CSV [BASE_CONFIG]; tail-moves: RUN [MIN_GAIN [COSTS]]; rn72-rule: CSV [CSV ...]; "
                  "tail-form: LOG [LOG ...])")
